@@ -1,0 +1,253 @@
+//! Atomic checkpoint folders: `step-N/` appears only complete, with a verified manifest.
+//!
+//! Writing goes to `.step-N.partial-<pid>/`; `manifest.json` (every file's size and CRC32) is
+//! written last and the folder renamed to `step-N/`. A crash leaves at worst a partial folder,
+//! which is ignored and cleaned up, never a damaged `step-N/`.
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+const MANIFEST: &str = "manifest.json";
+const FORMAT: &str = "titan-rs-checkpoint/1";
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Manifest {
+    format: String,
+    step: u64,
+    files: BTreeMap<String, FileEntry>,
+}
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+struct FileEntry {
+    bytes: u64,
+    crc32: u32,
+}
+
+/// `{dump_folder}/{checkpoint.folder}`: the set of step checkpoints.
+pub struct CheckpointFolder {
+    root: PathBuf,
+}
+
+impl CheckpointFolder {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn step_dir(&self, step: u64) -> PathBuf {
+        self.root.join(format!("step-{step}"))
+    }
+
+    /// Steps with a committed checkpoint folder, ascending.
+    pub fn steps(&self) -> Result<Vec<u64>> {
+        if !self.root.exists() {
+            return Ok(vec![]);
+        }
+        let mut steps = Vec::new();
+        for e in fs::read_dir(&self.root).with_context(|| format!("reading {}", self.root.display()))? {
+            let name = e?.file_name();
+            if let Some(n) = name.to_str().and_then(|n| n.strip_prefix("step-")).and_then(|n| n.parse().ok()) {
+                steps.push(n);
+            }
+        }
+        steps.sort();
+        Ok(steps)
+    }
+
+    pub fn latest(&self) -> Result<Option<u64>> {
+        Ok(self.steps()?.last().copied())
+    }
+
+    /// Starts writing the checkpoint of `step` in a partial folder.
+    pub fn begin(&self, step: u64) -> Result<PendingCheckpoint> {
+        fs::create_dir_all(&self.root).with_context(|| format!("creating {}", self.root.display()))?;
+        let dir = self.root.join(format!(".step-{step}.partial-{}", std::process::id()));
+        if dir.exists() {
+            fs::remove_dir_all(&dir)?;
+        }
+        fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(PendingCheckpoint { dir, final_dir: self.step_dir(step), step, files: BTreeMap::new() })
+    }
+
+    /// Opens a committed checkpoint after checking every file against its manifest.
+    pub fn open(&self, step: u64) -> Result<CheckpointReader> {
+        let dir = self.step_dir(step);
+        let mpath = dir.join(MANIFEST);
+        let text = fs::read_to_string(&mpath)
+            .with_context(|| format!("checkpoint {} has no readable {MANIFEST}", dir.display()))?;
+        let m: Manifest = serde_json::from_str(&text)
+            .with_context(|| format!("{} is corrupt (not a titan-rs manifest)", mpath.display()))?;
+        if m.format != FORMAT || m.step != step {
+            bail!("{}: format {:?} step {} (expected {FORMAT} step {step})", mpath.display(), m.format, m.step);
+        }
+        for (name, entry) in &m.files {
+            let p = dir.join(name);
+            let bytes = fs::read(&p).with_context(|| format!("checkpoint file {} is missing", p.display()))?;
+            if bytes.len() as u64 != entry.bytes {
+                bail!("checkpoint file {} is truncated or altered: {} bytes, manifest says {}", p.display(), bytes.len(), entry.bytes);
+            }
+            if crc32fast::hash(&bytes) != entry.crc32 {
+                bail!("checkpoint file {} is corrupt: CRC32 does not match the manifest", p.display());
+            }
+        }
+        Ok(CheckpointReader { dir, files: m.files.into_keys().collect() })
+    }
+
+    /// Deletes all but the newest `k` checkpoints (`k == 0` keeps all) and stale partial folders.
+    pub fn prune(&self, keep_latest_k: usize) -> Result<()> {
+        if let Ok(entries) = fs::read_dir(&self.root) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with(".step-") && !name.ends_with(&format!("-{}", std::process::id())) {
+                    let _ = fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        if keep_latest_k == 0 {
+            return Ok(());
+        }
+        let steps = self.steps()?;
+        for s in steps.iter().take(steps.len().saturating_sub(keep_latest_k)) {
+            fs::remove_dir_all(self.step_dir(*s)).with_context(|| format!("removing old checkpoint step-{s}"))?;
+        }
+        Ok(())
+    }
+}
+
+pub struct PendingCheckpoint {
+    dir: PathBuf,
+    final_dir: PathBuf,
+    step: u64,
+    files: BTreeMap<String, FileEntry>,
+}
+
+impl PendingCheckpoint {
+    pub fn write(&mut self, name: &str, bytes: &[u8]) -> Result<()> {
+        let p = self.dir.join(name);
+        let mut f = fs::File::create(&p).with_context(|| format!("creating {}", p.display()))?;
+        f.write_all(bytes).with_context(|| format!("writing {}", p.display()))?;
+        f.sync_all()?;
+        self.files.insert(name.to_string(), FileEntry { bytes: bytes.len() as u64, crc32: crc32fast::hash(bytes) });
+        Ok(())
+    }
+
+    /// Writes the manifest and renames the folder into place. An existing `step-N` (from an
+    /// earlier run) is replaced only after the new one is complete.
+    pub fn commit(mut self) -> Result<PathBuf> {
+        let files = std::mem::take(&mut self.files);
+        let m = Manifest { format: FORMAT.into(), step: self.step, files };
+        self.write(MANIFEST, serde_json::to_string_pretty(&m)?.as_bytes())?;
+        if self.final_dir.exists() {
+            let old = self.final_dir.with_extension(format!("replaced-{}", std::process::id()));
+            fs::rename(&self.final_dir, &old)?;
+            fs::rename(&self.dir, &self.final_dir)?;
+            fs::remove_dir_all(&old)?;
+        } else {
+            fs::rename(&self.dir, &self.final_dir)
+                .with_context(|| format!("renaming {} to {}", self.dir.display(), self.final_dir.display()))?;
+        }
+        if let Some(parent) = self.final_dir.parent() {
+            if let Ok(d) = fs::File::open(parent) {
+                let _ = d.sync_all();
+            }
+        }
+        Ok(self.final_dir.clone())
+    }
+}
+
+impl Drop for PendingCheckpoint {
+    fn drop(&mut self) {
+        // Not committed (error path): leave no partial folder behind.
+        if self.dir.exists() {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+pub struct CheckpointReader {
+    dir: PathBuf,
+    files: Vec<String>,
+}
+
+impl CheckpointReader {
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn read(&self, name: &str) -> Result<Vec<u8>> {
+        if !self.files.iter().any(|f| f == name) {
+            bail!("checkpoint {} has no {name}", self.dir.display());
+        }
+        let p = self.dir.join(name);
+        fs::read(&p).with_context(|| format!("reading {}", p.display()))
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(f: &CheckpointFolder, step: u64, body: &[u8]) {
+        let mut p = f.begin(step).unwrap();
+        p.write("a.bin", body).unwrap();
+        p.commit().unwrap();
+    }
+
+    #[test]
+    fn commit_list_open_prune() {
+        let d = tempfile::tempdir().unwrap();
+        let f = CheckpointFolder::new(d.path().join("checkpoint"));
+        assert_eq!(f.latest().unwrap(), None);
+        for s in [5, 10, 15] {
+            write(&f, s, format!("body{s}").as_bytes());
+        }
+        assert_eq!(f.steps().unwrap(), vec![5, 10, 15]);
+        assert_eq!(f.open(10).unwrap().read("a.bin").unwrap(), b"body10");
+        f.prune(2).unwrap();
+        assert_eq!(f.steps().unwrap(), vec![10, 15]);
+        write(&f, 15, b"again");
+        assert_eq!(f.open(15).unwrap().read("a.bin").unwrap(), b"again");
+    }
+
+    #[test]
+    fn uncommitted_checkpoint_leaves_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let f = CheckpointFolder::new(d.path());
+        write(&f, 1, b"good");
+        {
+            let mut p = f.begin(2).unwrap();
+            p.write("a.bin", b"half").unwrap();
+            // dropped without commit: a failed save
+        }
+        assert_eq!(f.steps().unwrap(), vec![1]);
+        assert_eq!(fs::read_dir(d.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn truncated_or_corrupt_files_are_named() {
+        let d = tempfile::tempdir().unwrap();
+        let f = CheckpointFolder::new(d.path());
+        write(&f, 3, b"0123456789");
+        let p = f.step_dir(3).join("a.bin");
+        fs::write(&p, b"01234").unwrap();
+        let e = f.open(3).err().unwrap().to_string();
+        assert!(e.contains("a.bin") && e.contains("truncated"), "{e}");
+        fs::write(&p, b"0123456788").unwrap();
+        let e = f.open(3).err().unwrap().to_string();
+        assert!(e.contains("a.bin") && e.contains("CRC32"), "{e}");
+        fs::write(f.step_dir(3).join(MANIFEST), b"{").unwrap();
+        let e = format!("{:#}", f.open(3).err().unwrap());
+        assert!(e.contains("manifest.json") && e.contains("corrupt"), "{e}");
+    }
+}

@@ -1,0 +1,61 @@
+//! The three leaf layers: bias-free linear, token embedding, RMSNorm.
+//!
+//! Own small modules instead of `burn::nn` ones so parameter paths read like TorchTitan's
+//! (`….wq.weight`, `….attention_norm.weight`) and are created lazily with path-seeded init.
+
+use crate::init::{lazy_param, Init};
+use burn::module::Param;
+use burn::prelude::*;
+
+/// `y = x · W` with `W` stored `[d_in, d_out]` (Burn's layout; PyTorch's transposed).
+#[derive(Module, Debug)]
+pub struct Linear {
+    pub weight: Param<Tensor<2>>,
+}
+
+impl Linear {
+    pub fn new(seed: u64, path: &str, d_in: usize, d_out: usize, std: f64, device: &Device) -> Self {
+        let path = format!("{path}.weight");
+        Self { weight: lazy_param(seed, &path, [d_in, d_out], Init::TruncNormal { std }, device) }
+    }
+
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        burn::tensor::module::linear(x, self.weight.val(), None)
+    }
+}
+
+/// Token embedding table `[vocab, dim]`.
+#[derive(Module, Debug)]
+pub struct Embedding {
+    pub weight: Param<Tensor<2>>,
+}
+
+impl Embedding {
+    pub fn new(seed: u64, path: &str, vocab: usize, dim: usize, device: &Device) -> Self {
+        let path = format!("{path}.weight");
+        Self { weight: lazy_param(seed, &path, [vocab, dim], Init::Normal { std: 1.0 }, device) }
+    }
+
+    pub fn forward(&self, ids: Tensor<2, Int>) -> Tensor<3> {
+        burn::tensor::module::embedding(self.weight.val(), ids)
+    }
+}
+
+/// RMSNorm: `x / sqrt(mean(x²) + eps) · w`.
+#[derive(Module, Debug)]
+pub struct RmsNorm {
+    pub weight: Param<Tensor<1>>,
+    pub eps: f64,
+}
+
+impl RmsNorm {
+    pub fn new(seed: u64, path: &str, dim: usize, eps: f64, device: &Device) -> Self {
+        let path = format!("{path}.weight");
+        Self { weight: lazy_param(seed, &path, [dim], Init::Ones, device), eps }
+    }
+
+    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let rms = x.clone().square().mean_dim(2).add_scalar(self.eps).sqrt();
+        x.div(rms).mul(self.weight.val().unsqueeze::<3>())
+    }
+}

@@ -1,0 +1,19 @@
+//! Llama-3 style decoder-only transformer for titan-rs.
+//!
+//! The model holds no communication code. Every parameter declares its *logical axes*
+//! ([`axes::LogicalAxis`]) so that parallelisms can shard it from the outside.
+
+pub mod args;
+pub mod axes;
+pub mod init;
+pub mod layers;
+pub mod llama;
+pub mod loss;
+pub mod rope;
+
+pub use args::{ModelArgs, FLAVORS};
+pub use axes::{LogicalAxis, ParamSpec};
+pub use llama::Transformer;
+
+#[cfg(test)]
+mod tests;

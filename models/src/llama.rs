@@ -1,0 +1,202 @@
+//! The Llama-3 decoder: embedding → N × (attention + SwiGLU FFN, pre-norm) → norm → output head.
+//!
+//! Plain model code, no communication. Parameter paths follow TorchTitan
+//! (`tok_embeddings.weight`, `layers.3.attention.wq.weight`, `norm.weight`, `output.weight`).
+
+use crate::args::ModelArgs;
+use crate::axes::{LogicalAxis, ParamSpec};
+use crate::layers::{Embedding, Linear, RmsNorm};
+use crate::rope::RopeTables;
+use burn::module::{ModuleVisitor, Param};
+use burn::prelude::*;
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+
+const INIT_STD: f64 = 0.02;
+
+#[derive(Module, Debug)]
+pub struct Attention {
+    pub wq: Linear,
+    pub wk: Linear,
+    pub wv: Linear,
+    pub wo: Linear,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl Attention {
+    fn new(a: &ModelArgs, seed: u64, path: &str, out_std: f64, device: &Device) -> Self {
+        let hd = a.head_dim();
+        let p = |n: &str| format!("{path}.{n}");
+        Self {
+            wq: Linear::new(seed, &p("wq"), a.dim, a.n_heads * hd, INIT_STD, device),
+            wk: Linear::new(seed, &p("wk"), a.dim, a.n_kv_heads * hd, INIT_STD, device),
+            wv: Linear::new(seed, &p("wv"), a.dim, a.n_kv_heads * hd, INIT_STD, device),
+            wo: Linear::new(seed, &p("wo"), a.n_heads * hd, a.dim, out_std, device),
+            n_heads: a.n_heads,
+            n_kv_heads: a.n_kv_heads,
+            head_dim: hd,
+        }
+    }
+
+    pub fn forward(&self, x: Tensor<3>, rope: &RopeTables) -> Tensor<3> {
+        let [b, t, _] = x.dims();
+        let (nh, nkv, hd) = (self.n_heads, self.n_kv_heads, self.head_dim);
+        let heads = |y: Tensor<3>, n: usize| y.reshape([b, t, n, hd]).swap_dims(1, 2);
+        let q = rope.apply(heads(self.wq.forward(x.clone()), nh));
+        let k = rope.apply(heads(self.wk.forward(x.clone()), nkv));
+        let v = heads(self.wv.forward(x), nkv);
+        let (k, v) = (repeat_kv(k, nh / nkv), repeat_kv(v, nh / nkv));
+        let opts = AttentionModuleOptions { is_causal: true, ..Default::default() };
+        let o = attention(q, k, v, None, None, opts);
+        self.wo.forward(o.swap_dims(1, 2).reshape([b, t, nh * hd]))
+    }
+}
+
+/// `[B, kv, T, d]` → `[B, kv·rep, T, d]`, each kv head shared by `rep` query heads.
+fn repeat_kv(x: Tensor<4>, rep: usize) -> Tensor<4> {
+    if rep == 1 {
+        return x;
+    }
+    let [b, kv, t, d] = x.dims();
+    x.unsqueeze_dim::<5>(2).expand([b, kv, rep, t, d]).reshape([b, kv * rep, t, d])
+}
+
+/// SwiGLU: `w2(silu(w1 x) · w3 x)`.
+#[derive(Module, Debug)]
+pub struct FeedForward {
+    pub w1: Linear,
+    pub w2: Linear,
+    pub w3: Linear,
+}
+
+impl FeedForward {
+    fn new(a: &ModelArgs, seed: u64, path: &str, out_std: f64, device: &Device) -> Self {
+        let h = a.ffn_hidden_dim();
+        let p = |n: &str| format!("{path}.{n}");
+        Self {
+            w1: Linear::new(seed, &p("w1"), a.dim, h, INIT_STD, device),
+            w2: Linear::new(seed, &p("w2"), h, a.dim, out_std, device),
+            w3: Linear::new(seed, &p("w3"), a.dim, h, out_std, device),
+        }
+    }
+
+    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let gate = burn::tensor::activation::silu(self.w1.forward(x.clone()));
+        self.w2.forward(gate * self.w3.forward(x))
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct TransformerBlock {
+    pub attention_norm: RmsNorm,
+    pub attention: Attention,
+    pub ffn_norm: RmsNorm,
+    pub feed_forward: FeedForward,
+}
+
+impl TransformerBlock {
+    fn new(a: &ModelArgs, seed: u64, layer: usize, device: &Device) -> Self {
+        let path = format!("layers.{layer}");
+        // TorchTitan's depth init: output projections get std 0.02 / sqrt(2·(layer+1)).
+        let out_std = INIT_STD / (2.0 * (layer + 1) as f64).sqrt();
+        Self {
+            attention_norm: RmsNorm::new(seed, &format!("{path}.attention_norm"), a.dim, a.norm_eps, device),
+            attention: Attention::new(a, seed, &format!("{path}.attention"), out_std, device),
+            ffn_norm: RmsNorm::new(seed, &format!("{path}.ffn_norm"), a.dim, a.norm_eps, device),
+            feed_forward: FeedForward::new(a, seed, &format!("{path}.feed_forward"), out_std, device),
+        }
+    }
+
+    pub fn forward(&self, x: Tensor<3>, rope: &RopeTables) -> Tensor<3> {
+        let h = x.clone() + self.attention.forward(self.attention_norm.forward(x), rope);
+        h.clone() + self.feed_forward.forward(self.ffn_norm.forward(h))
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct Transformer {
+    pub tok_embeddings: Embedding,
+    pub layers: Vec<TransformerBlock>,
+    pub norm: RmsNorm,
+    pub output: Linear,
+    pub rope_theta: f64,
+    pub head_dim: usize,
+}
+
+impl Transformer {
+    /// Builds the model lazily: no parameter memory is allocated until a value is used, so the
+    /// big flavors can be built for counting and planning.
+    pub fn new(a: &ModelArgs, seed: u64, device: &Device) -> Self {
+        Self {
+            tok_embeddings: Embedding::new(seed, "tok_embeddings", a.vocab_size, a.dim, device),
+            layers: (0..a.n_layers).map(|l| TransformerBlock::new(a, seed, l, device)).collect(),
+            norm: RmsNorm::new(seed, "norm", a.dim, a.norm_eps, device),
+            output: Linear::new(seed, "output", a.dim, a.vocab_size, (a.dim as f64).powf(-0.5), device),
+            rope_theta: a.rope_theta,
+            head_dim: a.head_dim(),
+        }
+    }
+
+    /// Token ids `[B, T]` → logits `[B, T, vocab]`.
+    pub fn forward(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
+        let t = tokens.dims()[1];
+        let device = tokens.device();
+        let rope = RopeTables::new(self.rope_theta, self.head_dim, 0, t, &device);
+        let mut h = self.tok_embeddings.forward(tokens);
+        for layer in &self.layers {
+            h = layer.forward(h, &rope);
+        }
+        self.output.forward(self.norm.forward(h))
+    }
+
+    /// Every parameter with its module path, shape and logical axes, in visiting order.
+    pub fn param_specs(&self) -> Vec<ParamSpec> {
+        let mut v = SpecCollector::default();
+        self.visit(&mut v);
+        v.out
+    }
+}
+
+/// The logical axes of a parameter, from the last components of its path. Linear weights are
+/// stored `[d_in, d_out]`.
+pub fn logical_axes(path: &str) -> Option<Vec<LogicalAxis>> {
+    use LogicalAxis::*;
+    let mut parts = path.rsplit('.');
+    let (last, owner) = (parts.next()?, parts.next()?);
+    if last != "weight" {
+        return None;
+    }
+    Some(match owner {
+        "tok_embeddings" => vec![Vocab, Embed],
+        "output" => vec![Embed, Vocab],
+        "wq" => vec![Embed, Heads],
+        "wk" | "wv" => vec![Embed, KvHeads],
+        "wo" => vec![Heads, Embed],
+        "w1" | "w3" => vec![Embed, Mlp],
+        "w2" => vec![Mlp, Embed],
+        "norm" | "attention_norm" | "ffn_norm" => vec![Embed],
+        _ => return None,
+    })
+}
+
+#[derive(Default)]
+struct SpecCollector {
+    path: Vec<String>,
+    out: Vec<ParamSpec>,
+}
+
+impl ModuleVisitor for SpecCollector {
+    fn enter_module(&mut self, name: &str, _container: &str) {
+        self.path.push(name.to_string());
+    }
+    fn exit_module(&mut self, _name: &str, _container: &str) {
+        self.path.pop();
+    }
+    fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+        let path = self.path.join(".");
+        let axes = logical_axes(&path).unwrap_or_else(|| panic!("parameter {path} declares no logical axes"));
+        self.out.push(ParamSpec { path, shape: p.lazy_shape().to_vec(), axes });
+    }
+}

@@ -1,0 +1,164 @@
+//! The job configuration: TorchTitan's TOML-era sections and keys, each with a default.
+//!
+//! Every key must have a TOML-representable default (no `Option`): the defaults, serialized,
+//! are the schema that unknown keys and wrong types are checked against.
+
+use serde::{Deserialize, Serialize};
+
+macro_rules! section {
+    ($(#[$m:meta])* $name:ident { $($(#[$fm:meta])* $field:ident : $ty:ty = $default:expr),* $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(default, deny_unknown_fields)]
+        pub struct $name { $($(#[$fm])* pub $field: $ty),* }
+        impl Default for $name {
+            fn default() -> Self { Self { $($field: $default),* } }
+        }
+    };
+}
+
+section!(Job {
+    /// Folder for metrics, checkpoints and the loss curve.
+    dump_folder: String = "./outputs".into(),
+    description: String = String::new(),
+    /// Print the effective config at start.
+    print_config: bool = false,
+});
+
+section!(Model {
+    name: String = "llama3".into(),
+    /// tiny | debugmodel | small | 1B | 3B | 8B | 70B | 405B
+    flavor: String = "debugmodel".into(),
+    /// Folder holding `tokenizer.json`.
+    hf_assets_path: String = "assets/tokenizer".into(),
+    /// A `tokenizer.json` path; overrides `hf_assets_path` when set.
+    tokenizer_path: String = String::new(),
+});
+
+section!(Optimizer {
+    name: String = "AdamW".into(),
+    lr: f64 = 8e-4,
+    betas: Vec<f64> = vec![0.9, 0.95],
+    eps: f64 = 1e-8,
+    weight_decay: f64 = 0.1,
+});
+
+section!(LrScheduler {
+    warmup_steps: i64 = 200,
+    /// Fraction of `training.steps` spent decaying; -1 = all steps after warmup.
+    decay_ratio: f64 = -1.0,
+    /// linear | sqrt | cosine
+    decay_type: String = "linear".into(),
+    min_lr_factor: f64 = 0.0,
+});
+
+section!(Training {
+    /// Built-in corpus name (shakespeare) or any name when `dataset_path` is set.
+    dataset: String = "shakespeare".into(),
+    /// A text/JSONL file or folder; overrides the built-in dataset.
+    dataset_path: String = String::new(),
+    local_batch_size: i64 = 8,
+    /// -1 = local_batch_size × data-parallel degree (no accumulation).
+    global_batch_size: i64 = -1,
+    seq_len: i64 = 256,
+    /// Global gradient-norm clipping; <= 0 disables.
+    max_norm: f64 = 1.0,
+    steps: i64 = 10_000,
+    seed: i64 = 42,
+    /// cpu (Burn flex)
+    device: String = "cpu".into(),
+    /// float32
+    dtype: String = "float32".into(),
+    mixed_precision_param: String = "float32".into(),
+    /// Where tokenized corpora are cached.
+    cache_dir: String = ".cache/titan-rs".into(),
+    /// CPU threads for the math (0 = all cores).
+    threads: i64 = 0,
+});
+
+section!(Parallelism {
+    data_parallel_replicate_degree: i64 = 1,
+    /// -1 = all remaining ranks.
+    data_parallel_shard_degree: i64 = -1,
+    fsdp_reshard_after_forward: String = "default".into(),
+    tensor_parallel_degree: i64 = 1,
+    enable_sequence_parallel: bool = true,
+    pipeline_parallel_degree: i64 = 1,
+    pipeline_parallel_schedule: String = "1F1B".into(),
+    /// -1 = even automatic split.
+    pipeline_parallel_layers_per_stage: i64 = -1,
+    /// -1 = pipeline degree.
+    num_pp_microbatches: i64 = -1,
+    context_parallel_degree: i64 = 1,
+    expert_parallel_degree: i64 = 1,
+});
+
+section!(Checkpoint {
+    enable: bool = false,
+    /// Under `job.dump_folder`.
+    folder: String = "checkpoint".into(),
+    interval: i64 = 500,
+    /// 0 = keep all.
+    keep_latest_k: i64 = 10,
+    /// -1 = latest.
+    load_step: i64 = -1,
+    /// disabled
+    async_mode: String = "disabled".into(),
+});
+
+section!(Metrics {
+    log_freq: i64 = 10,
+    /// Peak TFLOP/s of one device for MFU; <= 0 = measure a matmul on CPU at start.
+    peak_tflops: f64 = -1.0,
+    /// Write `loss_curve.png` in the dump folder at the end.
+    save_loss_curve: bool = true,
+});
+
+section!(ActivationCheckpoint {
+    /// none
+    mode: String = "none".into(),
+    selective_ac_option: String = "2".into(),
+});
+
+section!(Comm {
+    /// local
+    backend: String = "local".into(),
+    timeout_seconds: f64 = 100.0,
+});
+
+section!(Validation {
+    enable: bool = false,
+    dataset: String = "shakespeare_valid".into(),
+    dataset_path: String = String::new(),
+    local_batch_size: i64 = 8,
+    freq: i64 = 100,
+    /// -1 = the whole validation set.
+    steps: i64 = -1,
+});
+
+section!(Debug {
+    /// Make the loss non-finite at this step (tests the non-finite stop); -1 = never.
+    inject_nonfinite_at_step: i64 = -1,
+    /// Stop after this step (after its checkpoint), as if the job were interrupted; -1 = never.
+    stop_at_step: i64 = -1,
+    /// Print every parameter with its shape and logical axes at start.
+    print_param_specs: bool = false,
+});
+
+section!(
+    /// The whole job: one struct per TOML section.
+    JobConfig {
+        job: Job = Job::default(),
+        model: Model = Model::default(),
+        optimizer: Optimizer = Optimizer::default(),
+        lr_scheduler: LrScheduler = LrScheduler::default(),
+        training: Training = Training::default(),
+        parallelism: Parallelism = Parallelism::default(),
+        checkpoint: Checkpoint = Checkpoint::default(),
+        metrics: Metrics = Metrics::default(),
+        activation_checkpoint: ActivationCheckpoint = ActivationCheckpoint::default(),
+        comm: Comm = Comm::default(),
+        validation: Validation = Validation::default(),
+        debug: Debug = Debug::default(),
+    }
+);

@@ -1,0 +1,114 @@
+use super::*;
+use std::path::Path;
+
+fn write(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("job.toml");
+    std::fs::write(&p, text).unwrap();
+    (d, p)
+}
+
+fn err(text: &str, overrides: &[(&str, &str)]) -> String {
+    let (_d, p) = write(text);
+    let o: Vec<(String, String)> = overrides.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+    format!("{:#}", load_config(Some(&p), &o).err().expect("config should be rejected"))
+}
+
+#[test]
+fn defaults_file_then_cli_precedence() {
+    let (_d, p) = write("[training]\nsteps = 30\nseq_len = 64\n[optimizer]\nlr = 1\n");
+    let c = load_config(Some(&p), &[("training.steps".into(), "20".into())]).unwrap();
+    assert_eq!(c.training.steps, 20); // CLI beats file
+    assert_eq!(c.training.seq_len, 64); // file beats default
+    assert_eq!(c.training.local_batch_size, 8); // default
+    assert_eq!(c.optimizer.lr, 1.0); // integer accepted for a float
+    assert_eq!(load_config(None, &[]).unwrap(), JobConfig::default());
+}
+
+#[test]
+fn cli_override_forms() {
+    let args: Vec<String> = ["--training.steps", "20", "--checkpoint.enable=true", "--job.print_config", "--optimizer.betas", "[0.8, 0.9]"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let o = parse_overrides(&args).unwrap();
+    let c = load_config(None, &o).unwrap();
+    assert_eq!(c.training.steps, 20);
+    assert!(c.checkpoint.enable && c.job.print_config);
+    assert_eq!(c.optimizer.betas, vec![0.8, 0.9]);
+    assert!(parse_overrides(&["steps".to_string()]).is_err());
+}
+
+#[test]
+fn unknown_key_names_file_line_and_closest_key() {
+    let e = err("[job]\ndump_folder = \"x\"\n\n[training]\nsteps = 3\nseq_lenn = 64\n", &[]);
+    assert!(e.contains("unknown config key `training.seq_lenn`"), "{e}");
+    assert!(e.contains("job.toml:6"), "{e}");
+    assert!(e.contains("did you mean `training.seq_len`?"), "{e}");
+    let e = err("[training]\nlr = 3\n", &[]);
+    assert!(e.contains("`lr` belongs in [optimizer]"), "{e}");
+}
+
+#[test]
+fn unknown_section_names_line_and_closest_section() {
+    let e = err("[training]\nsteps = 3\n[optimiser]\nlr = 1\n", &[]);
+    assert!(e.contains("unknown config section [optimiser]") && e.contains("job.toml:3"), "{e}");
+    assert!(e.contains("did you mean [optimizer]?"), "{e}");
+}
+
+#[test]
+fn unknown_cli_key_is_reported_as_command_line() {
+    let e = err("", &[("training.stepz", "3")]);
+    assert!(e.contains("`training.stepz` on the command line") && e.contains("training.steps"), "{e}");
+}
+
+#[test]
+fn wrong_type_names_key_and_expected_type() {
+    let e = err("[training]\nsteps = \"many\"\n", &[]);
+    assert!(e.contains("`training.steps`") && e.contains("must be an integer") && e.contains("job.toml:2"), "{e}");
+    let e = err("", &[("checkpoint.enable", "yes")]);
+    assert!(e.contains("`checkpoint.enable`") && e.contains("must be a boolean"), "{e}");
+}
+
+#[test]
+fn impossible_values_name_key_and_allowed_values() {
+    let e = err("[training]\nsteps = 0\n", &[]);
+    assert!(e.contains("`training.steps` = 0 must be a positive integer"), "{e}");
+    let e = err("[lr_scheduler]\ndecay_type = \"exp\"\n", &[]);
+    assert!(e.contains("`lr_scheduler.decay_type` = \"exp\"") && e.contains("cosine"), "{e}");
+    let e = err("[model]\nflavor = \"9B\"\n", &[]);
+    assert!(e.contains("`model.flavor`") && e.contains("debugmodel"), "{e}");
+    let e = err("[training]\nlocal_batch_size = 4\nglobal_batch_size = 6\n", &[]);
+    assert!(e.contains("`training.global_batch_size` = 6") && e.contains("multiple"), "{e}");
+}
+
+#[test]
+fn parallel_degrees_other_than_one_are_not_supported_yet() {
+    let e = err("[parallelism]\ntensor_parallel_degree = 2\n", &[]);
+    assert!(e.contains("`parallelism.tensor_parallel_degree` = 2 is not supported yet") && e.contains("set it to 1"), "{e}");
+    let e = err("", &[("parallelism.data_parallel_shard_degree", "4")]);
+    assert!(e.contains("data_parallel_shard_degree` = 4 is not supported yet"), "{e}");
+}
+
+#[test]
+fn bad_toml_syntax_names_the_file() {
+    let e = err("[training\nsteps = 3\n", &[]);
+    assert!(e.contains("job.toml is not valid TOML") && e.contains("line 1"), "{e}");
+    let e = format!("{:#}", load_config(Some(Path::new("/no/such.toml")), &[]).err().unwrap());
+    assert!(e.contains("/no/such.toml"), "{e}");
+}
+
+#[test]
+fn printed_config_round_trips() {
+    let c = load_config(None, &[("training.steps".into(), "7".into())]).unwrap();
+    let (_d, p) = write(&to_toml(&c));
+    assert_eq!(load_config(Some(&p), &[]).unwrap(), c);
+}
+
+#[test]
+fn shipped_configs_load() {
+    for f in ["llama_debug.toml", "llama_small.toml"] {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs").join(f);
+        load_config(Some(&p), &[]).unwrap_or_else(|e| panic!("{f}: {e:#}"));
+    }
+}

@@ -1,0 +1,132 @@
+//! Value checks: each error names the key, the bad value and what is allowed.
+
+use super::schema::JobConfig;
+use anyhow::{bail, Result};
+use titan_models::{ModelArgs, FLAVORS};
+
+fn one_of(errors: &mut Vec<String>, key: &str, value: &str, allowed: &[&str]) {
+    if !allowed.contains(&value) {
+        errors.push(format!("`{key}` = {value:?} is not supported; use one of {allowed:?}"));
+    }
+}
+
+fn positive(errors: &mut Vec<String>, key: &str, value: i64) {
+    if value <= 0 {
+        errors.push(format!("`{key}` = {value} must be a positive integer"));
+    }
+}
+
+fn not_yet(errors: &mut Vec<String>, key: &str, value: i64, ok: &[i64]) {
+    if !ok.contains(&value) {
+        errors.push(format!(
+            "`{key}` = {value} is not supported yet: this build trains on a single rank; set it to {}",
+            ok[0]
+        ));
+    }
+}
+
+pub fn validate(c: &JobConfig) -> Result<()> {
+    let mut e = Vec::new();
+    one_of(&mut e, "model.name", &c.model.name, &["llama3"]);
+    one_of(&mut e, "model.flavor", &c.model.flavor, FLAVORS);
+    one_of(&mut e, "optimizer.name", &c.optimizer.name, &["AdamW"]);
+    let o = &c.optimizer;
+    if !(o.lr > 0.0 && o.lr.is_finite()) {
+        e.push(format!("`optimizer.lr` = {} must be a positive number", o.lr));
+    }
+    if o.betas.len() != 2 || o.betas.iter().any(|b| !(0.0..1.0).contains(b)) {
+        e.push(format!("`optimizer.betas` = {:?} must be two numbers in [0, 1), e.g. [0.9, 0.95]", o.betas));
+    }
+    if !(o.eps > 0.0) {
+        e.push(format!("`optimizer.eps` = {} must be > 0", o.eps));
+    }
+    if !(o.weight_decay >= 0.0) {
+        e.push(format!("`optimizer.weight_decay` = {} must be >= 0", o.weight_decay));
+    }
+    let s = &c.lr_scheduler;
+    if s.warmup_steps < 0 {
+        e.push(format!("`lr_scheduler.warmup_steps` = {} must be >= 0", s.warmup_steps));
+    }
+    if s.decay_ratio != -1.0 && !(0.0..=1.0).contains(&s.decay_ratio) {
+        e.push(format!("`lr_scheduler.decay_ratio` = {} must be in [0, 1], or -1 for all steps after warmup", s.decay_ratio));
+    }
+    one_of(&mut e, "lr_scheduler.decay_type", &s.decay_type, &["linear", "sqrt", "cosine"]);
+    if !(0.0..=1.0).contains(&s.min_lr_factor) {
+        e.push(format!("`lr_scheduler.min_lr_factor` = {} must be in [0, 1]", s.min_lr_factor));
+    }
+    let t = &c.training;
+    positive(&mut e, "training.local_batch_size", t.local_batch_size);
+    positive(&mut e, "training.seq_len", t.seq_len);
+    positive(&mut e, "training.steps", t.steps);
+    if t.global_batch_size != -1 && (t.global_batch_size <= 0 || t.global_batch_size % t.local_batch_size.max(1) != 0) {
+        e.push(format!(
+            "`training.global_batch_size` = {} must be -1 or a positive multiple of `training.local_batch_size` = {} (e.g. {})",
+            t.global_batch_size, t.local_batch_size, t.local_batch_size * 2
+        ));
+    }
+    if t.seed < 0 {
+        e.push(format!("`training.seed` = {} must be >= 0", t.seed));
+    }
+    if t.threads < 0 {
+        e.push(format!("`training.threads` = {} must be >= 0 (0 = all cores)", t.threads));
+    }
+    one_of(&mut e, "training.device", &t.device, &["cpu"]);
+    one_of(&mut e, "training.dtype", &t.dtype, &["float32"]);
+    one_of(&mut e, "training.mixed_precision_param", &t.mixed_precision_param, &["float32"]);
+    if t.dataset_path.is_empty() && crate::paths::builtin_dataset(&t.dataset).is_none() {
+        e.push(format!(
+            "`training.dataset` = {:?} is not a built-in dataset (shakespeare, shakespeare_valid); set `training.dataset_path` to a text/JSONL file or folder",
+            t.dataset
+        ));
+    }
+    let p = &c.parallelism;
+    not_yet(&mut e, "parallelism.data_parallel_replicate_degree", p.data_parallel_replicate_degree, &[1]);
+    not_yet(&mut e, "parallelism.data_parallel_shard_degree", p.data_parallel_shard_degree, &[1, -1]);
+    not_yet(&mut e, "parallelism.tensor_parallel_degree", p.tensor_parallel_degree, &[1]);
+    not_yet(&mut e, "parallelism.pipeline_parallel_degree", p.pipeline_parallel_degree, &[1]);
+    not_yet(&mut e, "parallelism.context_parallel_degree", p.context_parallel_degree, &[1]);
+    not_yet(&mut e, "parallelism.expert_parallel_degree", p.expert_parallel_degree, &[1]);
+    one_of(&mut e, "parallelism.fsdp_reshard_after_forward", &p.fsdp_reshard_after_forward, &["default", "always", "never"]);
+    one_of(&mut e, "parallelism.pipeline_parallel_schedule", &p.pipeline_parallel_schedule, &["GPipe", "1F1B", "Interleaved1F1B"]);
+    let k = &c.checkpoint;
+    positive(&mut e, "checkpoint.interval", k.interval);
+    if k.keep_latest_k < 0 {
+        e.push(format!("`checkpoint.keep_latest_k` = {} must be >= 0 (0 keeps all)", k.keep_latest_k));
+    }
+    if k.load_step < -1 {
+        e.push(format!("`checkpoint.load_step` = {} must be a step number or -1 (latest)", k.load_step));
+    }
+    if k.folder.is_empty() {
+        e.push("`checkpoint.folder` must not be empty".into());
+    }
+    one_of(&mut e, "checkpoint.async_mode", &k.async_mode, &["disabled"]);
+    positive(&mut e, "metrics.log_freq", c.metrics.log_freq);
+    one_of(&mut e, "activation_checkpoint.mode", &c.activation_checkpoint.mode, &["none"]);
+    one_of(&mut e, "comm.backend", &c.comm.backend, &["local"]);
+    if !(c.comm.timeout_seconds > 0.0) {
+        e.push(format!("`comm.timeout_seconds` = {} must be > 0", c.comm.timeout_seconds));
+    }
+    let v = &c.validation;
+    if v.enable {
+        positive(&mut e, "validation.local_batch_size", v.local_batch_size);
+        positive(&mut e, "validation.freq", v.freq);
+        if v.steps == 0 || v.steps < -1 {
+            e.push(format!("`validation.steps` = {} must be positive, or -1 for the whole set", v.steps));
+        }
+        if v.dataset_path.is_empty() && crate::paths::builtin_dataset(&v.dataset).is_none() {
+            e.push(format!(
+                "`validation.dataset` = {:?} is not a built-in dataset; set `validation.dataset_path`",
+                v.dataset
+            ));
+        }
+    }
+    if let Some(args) = ModelArgs::flavor(&c.model.flavor) {
+        if let Err(msg) = args.validate() {
+            e.push(format!("`model.flavor` = {:?}: {msg}", c.model.flavor));
+        }
+    }
+    if !e.is_empty() {
+        bail!("invalid config:\n  - {}", e.join("\n  - "));
+    }
+    Ok(())
+}

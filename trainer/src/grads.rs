@@ -1,0 +1,59 @@
+//! Gradients across microbatches: accumulation and the global norm (over every parameter).
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+
+/// Adds `new` into `acc`, parameter by parameter.
+pub fn accumulate<M: Module>(model: &M, acc: &mut GradientsParams, mut new: GradientsParams) {
+    struct Add<'a> {
+        acc: &'a mut GradientsParams,
+        new: &'a mut GradientsParams,
+    }
+    impl ModuleVisitor for Add<'_> {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            if let Some(g) = self.new.remove::<D>(p.id) {
+                let sum = match self.acc.remove::<D>(p.id) {
+                    Some(a) => a + g,
+                    None => g,
+                };
+                self.acc.register::<D>(p.id, sum);
+            }
+        }
+    }
+    model.visit(&mut Add { acc, new: &mut new });
+}
+
+/// Squared L2 norm of every gradient, in the model's parameter order (f64 on the host, so the
+/// sum is deterministic and exact enough for clipping).
+pub fn squared_norms<M: Module>(model: &M, grads: &GradientsParams) -> Vec<f64> {
+    struct Sq<'a> {
+        grads: &'a GradientsParams,
+        out: Vec<f64>,
+    }
+    impl ModuleVisitor for Sq<'_> {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            if let Some(g) = self.grads.get::<D>(p.id) {
+                let s: f32 = g.square().sum().into_scalar();
+                self.out.push(s as f64);
+            }
+        }
+    }
+    let mut v = Sq { grads, out: Vec::new() };
+    model.visit(&mut v);
+    v.out
+}
+
+/// The global gradient norm.
+pub fn global_norm<M: Module>(model: &M, grads: &GradientsParams) -> f64 {
+    squared_norms(model, grads).iter().sum::<f64>().sqrt()
+}
+
+/// The factor that scales the gradient to `max_norm` (1 when within it or clipping is off),
+/// as `torch.nn.utils.clip_grads_with_norm_`.
+pub fn clip_coefficient(norm: f64, max_norm: f64) -> f64 {
+    if max_norm <= 0.0 {
+        return 1.0;
+    }
+    (max_norm / (norm + 1e-6)).min(1.0)
+}

@@ -1,0 +1,15 @@
+//! titan-rs: LLM pre-training on Burn. This crate is the trainer: config, train loop, metrics,
+//! checkpoint glue, text generation and benchmarks. The binary is `titan-rs`.
+
+pub mod bench;
+pub mod config;
+pub mod generate;
+pub mod grads;
+pub mod lr_schedule;
+pub mod metrics;
+pub mod optim;
+pub mod paths;
+pub mod plot;
+pub mod state;
+pub mod train;
+pub mod trainer;

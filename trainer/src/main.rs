@@ -1,0 +1,153 @@
+//! The `titan-rs` command line.
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use titan_rs::config::{load_config, parse_overrides, to_toml, JobConfig};
+use titan_rs::{bench, generate, train};
+
+#[derive(Parser)]
+#[command(name = "titan-rs", version, about = "LLM pre-training on Burn, configured like TorchTitan")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args)]
+struct ConfigArgs {
+    /// The job's TOML file (also accepted as `--job.config_file`).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Overrides of any config key: `--training.steps 20`, `--checkpoint.enable=true`.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "--SECTION.KEY VALUE")]
+    overrides: Vec<String>,
+}
+
+impl ConfigArgs {
+    fn load(&self) -> Result<JobConfig> {
+        let mut overrides = parse_overrides(&self.overrides)?;
+        let mut path = self.config.clone();
+        if let Some(i) = overrides.iter().position(|(k, _)| k == "job.config_file" || k == "config") {
+            path = Some(PathBuf::from(overrides.remove(i).1));
+        }
+        load_config(path.as_deref(), &overrides)
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a model.
+    Train(ConfigArgs),
+    /// Print the effective config (defaults < file < overrides) as TOML.
+    Config(ConfigArgs),
+    /// Tokenizer tools.
+    Tokenizer {
+        #[command(subcommand)]
+        command: TokenizerCommand,
+    },
+    /// Sample text from a checkpoint.
+    Generate {
+        /// A `step-N` checkpoint folder, or a folder holding them (the latest is used).
+        #[arg(long)]
+        checkpoint: PathBuf,
+        #[arg(long, default_value = "")]
+        prompt: String,
+        #[arg(long, default_value_t = 200)]
+        max_new_tokens: usize,
+        #[arg(long, default_value_t = 0.8)]
+        temperature: f64,
+        #[arg(long, default_value_t = 40)]
+        top_k: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Tokens of context the model sees.
+        #[arg(long, default_value_t = 256)]
+        context: usize,
+    },
+    /// Measure tokens/s and MFU of training steps.
+    Bench {
+        #[arg(long, default_value_t = 2)]
+        warmup: usize,
+        #[arg(long, default_value_t = 5)]
+        steps: usize,
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenizerCommand {
+    /// Train a byte-level BPE tokenizer and write tokenizer.json.
+    Train {
+        /// Text files to learn from.
+        #[arg(long, required = true, num_args = 1..)]
+        input: Vec<PathBuf>,
+        #[arg(long, default_value_t = 2048)]
+        vocab_size: usize,
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+fn set_threads(cfg: &JobConfig) -> Result<()> {
+    if cfg.training.threads > 0 {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(cfg.training.threads as usize)
+            .build_global()
+            .context("setting training.threads")?;
+    }
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Train(a) => {
+            let cfg = a.load()?;
+            set_threads(&cfg)?;
+            let s = train::run(cfg)?;
+            if let Some(v) = s.final_val_loss {
+                println!("done at step {}: validation loss {v:.4}", s.last_step);
+            } else if let Some(l) = s.final_loss {
+                println!("done at step {}: loss {l:.4}", s.last_step);
+            }
+        }
+        Command::Config(a) => print!("{}", to_toml(&a.load()?)),
+        Command::Tokenizer { command: TokenizerCommand::Train { input, vocab_size, out } } => {
+            let n = titan_data::train_bpe(&input, vocab_size, &out)?;
+            println!("wrote {} ({n} tokens)", out.display());
+        }
+        Command::Generate { checkpoint, prompt, max_new_tokens, temperature, top_k, seed, context } => {
+            let o = generate::GenerateOptions { prompt, max_new_tokens, temperature, top_k, seed, context };
+            println!("{}", generate::generate(&checkpoint, &o)?);
+        }
+        Command::Bench { warmup, steps, config } => {
+            let cfg = config.load()?;
+            set_threads(&cfg)?;
+            let (flavor, b, t) = (cfg.model.flavor.clone(), cfg.training.local_batch_size, cfg.training.seq_len);
+            let r = bench::bench(cfg, warmup, steps.max(1))?;
+            println!("| model | batch×seq | step (s) | tokens/s | MFU | peak TFLOP/s | vs PyTorch eager ≈{} tok/s |", bench::PYTORCH_REFERENCE_TPS);
+            println!("|---|---|---|---|---|---|---|");
+            println!(
+                "| {flavor} | {b}×{t} | {:.3} | {:.0} | {:.2}% | {:.3} | {:.2}× |",
+                r.step_seconds, r.tokens_per_s, r.mfu, r.peak_tflops, r.tokens_per_s / bench::PYTORCH_REFERENCE_TPS
+            );
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_target(false)
+        .init();
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

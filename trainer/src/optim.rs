@@ -1,0 +1,147 @@
+//! AdamW with state keyed by parameter path (FQN), as PyTorch's `torch.optim.AdamW`.
+//!
+//! Burn's optimizers key state by `ParamId`; titan-rs keys it by module path so checkpoints are
+//! readable safetensors (`exp_avg.<path>`, `exp_avg_sq.<path>`) and state can later be split or
+//! joined along a parameter's shard dimension.
+
+use burn::module::{Module, ModuleMapper, Param};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use std::collections::BTreeMap;
+use titan_checkpoints::{HostTensor, TensorMap};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdamWConfig {
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+}
+
+impl AdamWConfig {
+    pub fn from_config(o: &crate::config::Optimizer) -> Self {
+        Self { beta1: o.betas[0], beta2: o.betas[1], eps: o.eps, weight_decay: o.weight_decay }
+    }
+}
+
+/// First and second moments of one parameter, flattened.
+struct Moments {
+    exp_avg: Tensor<1>,
+    exp_avg_sq: Tensor<1>,
+}
+
+pub struct AdamW {
+    cfg: AdamWConfig,
+    /// Optimizer steps taken (bias correction uses it).
+    step: u64,
+    state: BTreeMap<String, Moments>,
+}
+
+impl AdamW {
+    pub fn new(cfg: AdamWConfig) -> Self {
+        Self { cfg, step: 0, state: BTreeMap::new() }
+    }
+
+    pub fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    /// One update of every parameter that has a gradient. `grad_scale` multiplies the gradients
+    /// first (global-norm clipping).
+    pub fn step<M: Module>(&mut self, model: M, grads: GradientsParams, lr: f64, grad_scale: f64) -> M {
+        self.step += 1;
+        let mut u = Update { opt: self, grads, lr, grad_scale, path: Vec::new() };
+        model.map(&mut u)
+    }
+
+    /// State as host tensors (`exp_avg.<path>`, `exp_avg_sq.<path>`), shaped like the parameters.
+    pub fn state_dict<M: Module>(&self, model: &M) -> TensorMap {
+        let shapes: BTreeMap<String, Vec<usize>> =
+            crate::state::param_shapes(model).into_iter().collect();
+        let mut out = TensorMap::new();
+        for (path, m) in &self.state {
+            let shape = shapes[path].clone();
+            for (prefix, t) in [("exp_avg", &m.exp_avg), ("exp_avg_sq", &m.exp_avg_sq)] {
+                let data = t.to_data().try_to_vec::<f32>().expect("f32 optimizer state");
+                out.insert(format!("{prefix}.{path}"), HostTensor { shape: shape.clone(), data });
+            }
+        }
+        out
+    }
+
+    /// Restores state saved by [`AdamW::state_dict`]; every key must match a parameter's path
+    /// and shape.
+    pub fn load_state_dict<M: Module>(&mut self, model: &M, step: u64, mut t: TensorMap, device: &Device) -> Result<(), String> {
+        self.state.clear();
+        for (path, shape) in crate::state::param_shapes(model) {
+            let (Some(m), Some(v)) = (t.remove(&format!("exp_avg.{path}")), t.remove(&format!("exp_avg_sq.{path}"))) else {
+                if step > 0 {
+                    return Err(format!("no optimizer state for parameter {path}"));
+                }
+                continue;
+            };
+            if m.shape != shape || v.shape != shape {
+                return Err(format!("optimizer state of {path} has shape {:?}, the model needs {shape:?}", m.shape));
+            }
+            let n = m.data.len();
+            self.state.insert(
+                path,
+                Moments {
+                    exp_avg: Tensor::from_data(TensorData::new(m.data, [n]), device),
+                    exp_avg_sq: Tensor::from_data(TensorData::new(v.data, [n]), device),
+                },
+            );
+        }
+        if let Some(extra) = t.keys().next() {
+            return Err(format!("optimizer state {extra} belongs to no parameter of this model"));
+        }
+        self.step = step;
+        Ok(())
+    }
+}
+
+struct Update<'a> {
+    opt: &'a mut AdamW,
+    grads: GradientsParams,
+    lr: f64,
+    grad_scale: f64,
+    path: Vec<String>,
+}
+
+impl ModuleMapper for Update<'_> {
+    fn enter_module(&mut self, name: &str, _: &str) {
+        self.path.push(name.to_string());
+    }
+    fn exit_module(&mut self, _: &str, _: &str) {
+        self.path.pop();
+    }
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let Some(grad) = self.grads.remove::<D>(param.id) else {
+            return param;
+        };
+        let (id, tensor, mapper) = param.consume();
+        let c = &self.opt.cfg;
+        let t = self.opt.step as i32;
+        let shape = tensor.shape();
+        let n = shape.num_elements();
+        let mut g = grad.reshape([n]);
+        if self.grad_scale != 1.0 {
+            g = g.mul_scalar(self.grad_scale);
+        }
+        let p = tensor.inner().reshape([n]);
+        let path = self.path.join(".");
+        let m = self.opt.state.remove(&path).unwrap_or_else(|| Moments {
+            exp_avg: g.zeros_like(),
+            exp_avg_sq: g.zeros_like(),
+        });
+        let exp_avg = m.exp_avg.clone() + (g.clone() - m.exp_avg).mul_scalar(1.0 - c.beta1);
+        let exp_avg_sq = m.exp_avg_sq.mul_scalar(c.beta2) + g.square().mul_scalar(1.0 - c.beta2);
+        let bias1 = 1.0 - c.beta1.powi(t);
+        let bias2_sqrt = (1.0 - c.beta2.powi(t)).sqrt();
+        let denom = exp_avg_sq.clone().sqrt().div_scalar(bias2_sqrt).add_scalar(c.eps);
+        let p = p.mul_scalar(1.0 - self.lr * c.weight_decay) - (exp_avg.clone() / denom).mul_scalar(self.lr / bias1);
+        self.opt.state.insert(path, Moments { exp_avg, exp_avg_sq });
+        let updated = Tensor::from_inner(p.reshape(shape)).require_grad();
+        Param::from_mapped_value(id, updated, mapper)
+    }
+}

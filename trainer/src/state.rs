@@ -1,0 +1,107 @@
+//! The model's parameters as named host tensors, and back.
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::prelude::*;
+use titan_checkpoints::{HostTensor, TensorMap};
+
+#[derive(Default)]
+struct Path(Vec<String>);
+
+impl Path {
+    fn join(&self) -> String {
+        self.0.join(".")
+    }
+}
+
+macro_rules! path_tracking {
+    () => {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.path.0.push(name.to_string());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.path.0.pop();
+        }
+    };
+}
+
+/// `(path, shape)` of every parameter, in visiting order (no values are materialised).
+pub fn param_shapes<M: Module>(model: &M) -> Vec<(String, Vec<usize>)> {
+    struct V {
+        path: Path,
+        out: Vec<(String, Vec<usize>)>,
+    }
+    impl ModuleVisitor for V {
+        path_tracking!();
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            self.out.push((self.path.join(), p.lazy_shape().to_vec()));
+        }
+    }
+    let mut v = V { path: Path::default(), out: Vec::new() };
+    model.visit(&mut v);
+    v.out
+}
+
+/// Every parameter's values, by path.
+pub fn model_to_tensors<M: Module>(model: &M) -> TensorMap {
+    struct V {
+        path: Path,
+        out: TensorMap,
+    }
+    impl ModuleVisitor for V {
+        path_tracking!();
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            let t = p.val();
+            let shape = t.dims().to_vec();
+            let data = t.into_data().try_to_vec::<f32>().expect("f32 parameters");
+            self.out.insert(self.path.join(), HostTensor { shape, data });
+        }
+    }
+    let mut v = V { path: Path::default(), out: TensorMap::new() };
+    model.visit(&mut v);
+    v.out
+}
+
+/// Replaces every parameter with the tensor of the same path. Missing, extra and mis-shaped
+/// tensors are errors that name the parameter (`what` names the source, e.g. the file).
+pub fn load_model_tensors<M: Module>(model: M, mut tensors: TensorMap, device: &Device, what: &str) -> Result<M, String> {
+    struct L<'a> {
+        path: Path,
+        tensors: &'a mut TensorMap,
+        device: &'a Device,
+        error: Option<String>,
+    }
+    impl ModuleMapper for L<'_> {
+        path_tracking!();
+        fn map_float<const D: usize>(&mut self, p: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            let path = self.path.join();
+            let want = p.lazy_shape().to_vec();
+            match self.tensors.remove(&path) {
+                Some(t) if t.shape == want => {
+                    let value = Tensor::<D>::from_data(TensorData::new(t.data, want), self.device);
+                    let value = if self.device.is_autodiff() { value.require_grad() } else { value };
+                    Param::initialized(p.id, value)
+                }
+                Some(t) => {
+                    self.error.get_or_insert(format!(
+                        "parameter {path} has shape {:?} there, but this model needs {want:?} (a checkpoint of another model or flavor?)",
+                        t.shape
+                    ));
+                    p
+                }
+                None => {
+                    self.error.get_or_insert(format!("parameter {path} is missing"));
+                    p
+                }
+            }
+        }
+    }
+    let mut l = L { path: Path::default(), tensors: &mut tensors, device, error: None };
+    let model = model.map(&mut l);
+    if let Some(e) = l.error {
+        return Err(format!("{what}: {e}"));
+    }
+    if let Some(extra) = tensors.keys().next() {
+        return Err(format!("{what}: tensor {extra} matches no parameter of this model (a checkpoint of another model?)"));
+    }
+    Ok(model)
+}

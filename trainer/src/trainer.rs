@@ -1,0 +1,243 @@
+//! The training state of one rank and the operations on it: build (or resume), one optimizer
+//! step, validation, checkpoint.
+
+use crate::config::{to_toml, JobConfig};
+use crate::grads;
+use crate::lr_schedule::LrSchedule;
+use crate::optim::{AdamW, AdamWConfig};
+use crate::{paths, state};
+use anyhow::{anyhow, bail, Context, Result};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+use titan_checkpoints::{load_tensors, save_tensors, CheckpointFolder, CheckpointReader};
+use titan_data::{tokenize_corpus, Batch, DataLoader, LoaderConfig, LoaderState, Tokenizer, ValidationBatches};
+use titan_models::loss::cross_entropy_sum;
+use titan_models::{ModelArgs, Transformer};
+
+/// What one optimizer step did.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepStats {
+    pub step: u64,
+    pub loss: f64,
+    pub grad_norm: f64,
+    pub lr: f64,
+    pub tokens: usize,
+    pub seconds: f64,
+}
+
+/// Everything in a checkpoint besides tensors.
+#[derive(Debug, Serialize, Deserialize)]
+struct TrainState {
+    step: u64,
+    optimizer_step: u64,
+    loader: LoaderState,
+    /// The only randomness in training is the seeded sample order (no dropout), so the seed and
+    /// the loader state are the complete RNG state.
+    seed: u64,
+    flavor: String,
+}
+
+pub struct Trainer {
+    pub cfg: JobConfig,
+    pub args: ModelArgs,
+    pub device: Device,
+    pub model: Transformer,
+    pub optim: AdamW,
+    pub schedule: LrSchedule,
+    pub loader: DataLoader,
+    pub tokenizer: Tokenizer,
+    /// Steps completed.
+    pub step: u64,
+    val_batches: Vec<Batch>,
+    checkpoints: CheckpointFolder,
+}
+
+pub fn to_tensor_2d(v: &[i64], b: usize, t: usize, device: &Device) -> Tensor<2, Int> {
+    Tensor::from_data(TensorData::new(v.to_vec(), [b, t]), device)
+}
+
+impl Trainer {
+    /// Builds the model, data and optimizer; resumes from the latest checkpoint when
+    /// checkpointing is on and one exists.
+    pub fn new(cfg: JobConfig) -> Result<Self> {
+        let args = ModelArgs::flavor(&cfg.model.flavor).expect("validated flavor");
+        let device = Device::flex().autodiff();
+        let tokenizer = Tokenizer::from_file(&paths::tokenizer(&cfg.model))?;
+        if tokenizer.vocab_size() > args.vocab_size {
+            bail!(
+                "the tokenizer {} has {} tokens but model flavor {:?} has vocab_size {}; use a smaller tokenizer or a larger flavor",
+                tokenizer.path().display(), tokenizer.vocab_size(), cfg.model.flavor, args.vocab_size
+            );
+        }
+        let cache = paths::resolve(&cfg.training.cache_dir);
+        let train_path = paths::dataset(&cfg.training.dataset, &cfg.training.dataset_path);
+        let tokens = Arc::new(tokenize_corpus(&train_path, &tokenizer, &cache)?);
+        let seq_len = cfg.training.seq_len as usize;
+        let loader = DataLoader::new(
+            tokens,
+            LoaderConfig {
+                seq_len,
+                global_batch_size: cfg.global_batch_size(1),
+                local_batch_size: cfg.training.local_batch_size as usize,
+                dp_rank: 0,
+                dp_degree: 1,
+                seed: cfg.training.seed as u64,
+            },
+        )?;
+        let val_batches = if cfg.validation.enable {
+            let v = &cfg.validation;
+            let path = paths::dataset(&v.dataset, &v.dataset_path);
+            let vt = tokenize_corpus(&path, &tokenizer, &cache)?;
+            let steps = (v.steps > 0).then_some(v.steps as usize);
+            let b = ValidationBatches::collect(&vt, seq_len, v.local_batch_size as usize, steps);
+            if b.is_empty() {
+                bail!("validation set {} is too small for one batch of {} × {seq_len} tokens", path.display(), v.local_batch_size);
+            }
+            b
+        } else {
+            Vec::new()
+        };
+        let model = Transformer::new(&args, cfg.training.seed as u64, &device);
+        let checkpoints = CheckpointFolder::new(PathBuf::from(&cfg.job.dump_folder).join(&cfg.checkpoint.folder));
+        let mut t = Self {
+            optim: AdamW::new(AdamWConfig::from_config(&cfg.optimizer)),
+            schedule: LrSchedule::from_config(&cfg),
+            args,
+            device,
+            model,
+            loader,
+            tokenizer,
+            step: 0,
+            val_batches,
+            checkpoints,
+            cfg,
+        };
+        if t.cfg.checkpoint.enable {
+            t.maybe_resume()?;
+        }
+        Ok(t)
+    }
+
+    pub fn tokens_per_step(&self) -> usize {
+        self.cfg.global_batch_size(1) * self.cfg.training.seq_len as usize
+    }
+
+    /// One optimizer step over the next global batch (accumulating microbatches).
+    pub fn train_step(&mut self) -> Result<StepStats> {
+        let start = Instant::now();
+        let step = self.step + 1;
+        let lr = self.schedule.lr(step);
+        let microbatches = self.loader.next_step();
+        let total_tokens: usize = microbatches.iter().map(Batch::num_tokens).sum();
+        let inject = self.cfg.debug.inject_nonfinite_at_step == step as i64;
+        let mut loss_sum = 0.0f64;
+        let mut acc = GradientsParams::new();
+        for mb in &microbatches {
+            let inputs = to_tensor_2d(&mb.inputs, mb.batch, mb.seq_len, &self.device);
+            let targets = to_tensor_2d(&mb.targets, mb.batch, mb.seq_len, &self.device);
+            let mut loss = cross_entropy_sum(self.model.forward(inputs), targets).div_scalar(total_tokens as f64);
+            if inject {
+                loss = loss.mul_scalar(f64::NAN);
+            }
+            loss_sum += loss.clone().into_scalar::<f32>() as f64;
+            let g = GradientsParams::from_grads(loss.backward(), &self.model);
+            grads::accumulate(&self.model, &mut acc, g);
+        }
+        let grad_norm = grads::global_norm(&self.model, &acc);
+        if !loss_sum.is_finite() || !grad_norm.is_finite() {
+            let last = self.checkpoints.latest().ok().flatten();
+            bail!(
+                "step {step}: the loss is {loss_sum} and the gradient norm {grad_norm}; training stopped and this state was not checkpointed{}. Try a lower `optimizer.lr` (now {}) or a smaller `training.max_norm`.",
+                last.map(|s| format!(" (the last good checkpoint is step-{s})")).unwrap_or_default(),
+                self.cfg.optimizer.lr
+            );
+        }
+        let scale = grads::clip_coefficient(grad_norm, self.cfg.training.max_norm);
+        let model = std::mem::replace(&mut self.model, Transformer::new(&self.args, 0, &self.device));
+        self.model = self.optim.step(model, acc, lr, scale);
+        self.step = step;
+        Ok(StepStats { step, loss: loss_sum, grad_norm, lr, tokens: total_tokens, seconds: start.elapsed().as_secs_f64() })
+    }
+
+    pub fn validation_enabled(&self) -> bool {
+        !self.val_batches.is_empty()
+    }
+
+    /// Mean loss per token over the validation batches, and the token count.
+    pub fn validate(&self) -> Result<(f64, usize)> {
+        let model = self.model.valid();
+        let device = self.device.clone().without_autodiff();
+        let (mut sum, mut n) = (0.0f64, 0usize);
+        for b in &self.val_batches {
+            let logits = model.forward(to_tensor_2d(&b.inputs, b.batch, b.seq_len, &device));
+            let l: f32 = cross_entropy_sum(logits, to_tensor_2d(&b.targets, b.batch, b.seq_len, &device)).into_scalar();
+            sum += l as f64;
+            n += b.num_tokens();
+        }
+        Ok((sum / n as f64, n))
+    }
+
+    /// Writes `step-N/` atomically and prunes old checkpoints.
+    pub fn save_checkpoint(&self) -> Result<PathBuf> {
+        let meta = HashMap::from([("step".to_string(), self.step.to_string()), ("format".to_string(), "pt".to_string())]);
+        let model = save_tensors(&state::model_to_tensors(&self.model), meta.clone())?;
+        let optim = save_tensors(&self.optim.state_dict(&self.model), meta)?;
+        let ts = TrainState {
+            step: self.step,
+            optimizer_step: self.optim.step_count(),
+            loader: self.loader.state(),
+            seed: self.cfg.training.seed as u64,
+            flavor: self.cfg.model.flavor.clone(),
+        };
+        let mut p = self.checkpoints.begin(self.step)?;
+        p.write("model.safetensors", &model)?;
+        p.write("optimizer.safetensors", &optim)?;
+        p.write("train_state.json", serde_json::to_string_pretty(&ts)?.as_bytes())?;
+        p.write("config.toml", to_toml(&self.cfg).as_bytes())?;
+        let dir = p.commit()?;
+        self.checkpoints.prune(self.cfg.checkpoint.keep_latest_k as usize)?;
+        Ok(dir)
+    }
+
+    fn maybe_resume(&mut self) -> Result<()> {
+        let steps = self.checkpoints.steps()?;
+        let step = match self.cfg.checkpoint.load_step {
+            -1 => match steps.last() {
+                Some(s) => *s,
+                None => return Ok(()),
+            },
+            s if steps.contains(&(s as u64)) => s as u64,
+            s => bail!(
+                "`checkpoint.load_step` = {s} but {} holds steps {steps:?}; use one of them or -1 for the latest",
+                self.checkpoints.root().display()
+            ),
+        };
+        let reader = self.checkpoints.open(step)?;
+        self.load_from(&reader).with_context(|| format!("cannot resume from {}", reader.dir().display()))?;
+        tracing::info!("resumed from {} (step {})", reader.dir().display(), self.step);
+        Ok(())
+    }
+
+    fn load_from(&mut self, r: &CheckpointReader) -> Result<()> {
+        let ts: TrainState = serde_json::from_slice(&r.read("train_state.json")?)
+            .with_context(|| format!("{} is corrupt", r.path("train_state.json").display()))?;
+        let mpath = r.path("model.safetensors");
+        let (tensors, _) = load_tensors(&mpath, &r.read("model.safetensors")?)?;
+        let fresh = Transformer::new(&self.args, 0, &self.device);
+        self.model = state::load_model_tensors(fresh, tensors, &self.device, &mpath.display().to_string())
+            .map_err(|e| anyhow!("{e}; checkpoint flavor is {:?}, this config's is {:?}", ts.flavor, self.cfg.model.flavor))?;
+        let opath = r.path("optimizer.safetensors");
+        let (ot, _) = load_tensors(&opath, &r.read("optimizer.safetensors")?)?;
+        self.optim
+            .load_state_dict(&self.model, ts.optimizer_step, ot, &self.device.clone().without_autodiff())
+            .map_err(|e| anyhow!("{}: {e}", opath.display()))?;
+        self.loader.load_state(ts.loader);
+        self.step = ts.step;
+        Ok(())
+    }
+}
