@@ -83,7 +83,7 @@ fn forward_shapes_and_initial_loss_near_ln_vocab() {
     let tgt = x.slice([0..b, 1..t + 1]);
     let logits = m.forward(inp);
     assert_eq!(logits.dims(), [b, t, args.vocab_size]);
-    let loss: f32 = loss::cross_entropy_sum(logits, tgt).into_scalar() / (b * t) as f32;
+    let loss: f32 = loss::cross_entropy_sum(logits, tgt).into_scalar::<f32>() / (b * t) as f32;
     let ln_v = (args.vocab_size as f32).ln();
     // Output std dim^-1/2 on unit-RMS features: logits ~ N(0,1), so E[loss] ≈ ln V + 1/2.
     assert!((loss - ln_v).abs() < 1.0, "initial loss {loss} vs ln V {ln_v}");

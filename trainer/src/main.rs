@@ -26,12 +26,20 @@ struct ConfigArgs {
 
 impl ConfigArgs {
     fn load(&self) -> Result<JobConfig> {
+        Ok(self.load_with_flags(&[])?.0)
+    }
+
+    /// Loads the config; the command's own `flags` may also appear among the overrides
+    /// (`bench --config F --training.seq_len 256 --steps 5`) and are returned separately.
+    fn load_with_flags(&self, flags: &[&str]) -> Result<(JobConfig, Vec<(String, String)>)> {
         let mut overrides = parse_overrides(&self.overrides)?;
+        let (own, rest): (Vec<_>, Vec<_>) = overrides.into_iter().partition(|(k, _)| flags.contains(&k.as_str()));
+        overrides = rest;
         let mut path = self.config.clone();
         if let Some(i) = overrides.iter().position(|(k, _)| k == "job.config_file" || k == "config") {
             path = Some(PathBuf::from(overrides.remove(i).1));
         }
-        load_config(path.as_deref(), &overrides)
+        Ok((load_config(path.as_deref(), &overrides)?, own))
     }
 }
 
@@ -121,8 +129,12 @@ fn run(cli: Cli) -> Result<()> {
             let o = generate::GenerateOptions { prompt, max_new_tokens, temperature, top_k, seed, context };
             println!("{}", generate::generate(&checkpoint, &o)?);
         }
-        Command::Bench { warmup, steps, config } => {
-            let cfg = config.load()?;
+        Command::Bench { mut warmup, mut steps, config } => {
+            let (cfg, flags) = config.load_with_flags(&["warmup", "steps"])?;
+            for (k, v) in flags {
+                let n: usize = v.parse().with_context(|| format!("--{k} {v}: expected a number"))?;
+                if k == "warmup" { warmup = n } else { steps = n }
+            }
             set_threads(&cfg)?;
             let (flavor, b, t) = (cfg.model.flavor.clone(), cfg.training.local_batch_size, cfg.training.seq_len);
             let r = bench::bench(cfg, warmup, steps.max(1))?;

@@ -1,0 +1,65 @@
+//! The command line: config printing, errors (never panics), tokenizer training.
+
+mod common;
+use common::*;
+
+#[test]
+fn config_prints_the_effective_config() {
+    let out = assert_ok(&titan(&["config", "--config", "configs/llama_debug.toml", "--training.steps=7", "--checkpoint.enable", "false"]));
+    let v: toml::Table = out.parse().unwrap();
+    assert_eq!(v["training"]["steps"].as_integer(), Some(7));
+    assert_eq!(v["checkpoint"]["enable"].as_bool(), Some(false));
+    assert_eq!(v["model"]["flavor"].as_str(), Some("debugmodel"));
+    assert_eq!(v["optimizer"]["eps"].as_float(), Some(1e-8));
+}
+
+#[test]
+fn unknown_key_in_file_exits_nonzero_with_file_line_and_hint() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("bad.toml");
+    std::fs::write(&p, "[training]\nsteps = 3\nlocal_batchsize = 2\n").unwrap();
+    let o = titan(&["train", "--config", p.to_str().unwrap()]);
+    assert_clean_error(&o, &["unknown config key `training.local_batchsize`", "bad.toml:3", "training.local_batch_size"]);
+}
+
+#[test]
+fn unsupported_parallelism_is_a_clear_error() {
+    let o = titan(&["train", "--config", "configs/llama_debug.toml", "--parallelism.pipeline_parallel_degree", "2"]);
+    assert_clean_error(&o, &["pipeline_parallel_degree` = 2 is not supported yet"]);
+}
+
+#[test]
+fn wrong_type_on_the_command_line() {
+    let o = titan(&["train", "--config", "configs/llama_debug.toml", "--training.steps", "ten"]);
+    assert_clean_error(&o, &["`training.steps` on the command line must be an integer"]);
+}
+
+#[test]
+fn missing_dataset_and_tokenizer_are_clear_errors() {
+    let o = titan(&["train", "--config", "configs/llama_debug.toml", "--training.dataset_path", "/nope/corpus"]);
+    assert_clean_error(&o, &["/nope/corpus does not exist"]);
+    let o = titan(&["train", "--config", "configs/llama_debug.toml", "--model.tokenizer_path", "/nope/tokenizer.json"]);
+    assert_clean_error(&o, &["/nope/tokenizer.json", "tokenizer train"]);
+}
+
+#[test]
+fn tokenizer_train_command_writes_a_working_tokenizer() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("tok.json");
+    assert_ok(&titan(&["tokenizer", "train", "--input", "assets/shakespeare/valid.txt", "--vocab-size", "512", "--out", out.to_str().unwrap()]));
+    let tok = titan_data::Tokenizer::from_file(&out).unwrap();
+    assert_eq!(tok.vocab_size(), 512);
+    let s = "HAMLET:\nTo be, or not to be, that is the question.";
+    assert_eq!(tok.decode(&tok.encode(s).unwrap()).unwrap(), s);
+}
+
+#[test]
+fn shipped_tokenizer_round_trips_the_corpus() {
+    let tok = titan_data::Tokenizer::from_file(&repo().join("assets/tokenizer/tokenizer.json")).unwrap();
+    assert_eq!(tok.vocab_size(), 2048);
+    let text = std::fs::read_to_string(repo().join("assets/shakespeare/valid.txt")).unwrap();
+    let sample: String = text.chars().take(20_000).collect();
+    let ids = tok.encode(&sample).unwrap();
+    assert_eq!(tok.decode(&ids).unwrap(), sample);
+    assert!(ids.len() * 2 < sample.len(), "BPE should compress: {} tokens for {} bytes", ids.len(), sample.len());
+}

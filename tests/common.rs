@@ -1,0 +1,83 @@
+//! Helpers shared by the integration tests: run the real `titan-rs` binary.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+pub fn titan(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_titan-rs"))
+        .args(args)
+        .current_dir(repo())
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run titan-rs")
+}
+
+pub fn text(o: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+/// Asserts a failed run: non-zero exit, no panic, stderr containing every needle.
+pub fn assert_clean_error(o: &Output, needles: &[&str]) -> String {
+    let (out, err) = text(o);
+    assert!(!o.status.success(), "expected failure\nstdout:\n{out}\nstderr:\n{err}");
+    assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE"), "panic instead of an error:\n{err}");
+    for n in needles {
+        assert!(err.contains(n), "stderr lacks {n:?}:\n{err}");
+    }
+    err
+}
+
+pub fn assert_ok(o: &Output) -> String {
+    let (out, err) = text(o);
+    assert!(o.status.success(), "titan-rs failed\nstdout:\n{out}\nstderr:\n{err}");
+    out
+}
+
+/// A tiny, fast training job (flavor `tiny`, 4×32 tokens per step) writing to `dump`.
+pub fn tiny_args(dump: &Path, steps: u32) -> Vec<String> {
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("token-cache");
+    [
+        "train",
+        "--config", "configs/llama_debug.toml",
+        "--model.flavor", "tiny",
+        "--training.seq_len", "32",
+        "--training.local_batch_size", "4",
+        "--lr_scheduler.warmup_steps", "3",
+        "--optimizer.lr", "3e-3",
+        "--metrics.log_freq", "1",
+        "--validation.enable", "false",
+        "--checkpoint.enable", "false",
+        "--metrics.save_loss_curve", "false",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([
+        "--training.steps".into(), steps.to_string(),
+        "--job.dump_folder".into(), dump.display().to_string(),
+        "--training.cache_dir".into(), cache.display().to_string(),
+    ])
+    .collect()
+}
+
+pub fn run(args: &[String], extra: &[&str]) -> Output {
+    let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
+    all.extend_from_slice(extra);
+    titan(&all)
+}
+
+/// `(step, loss, grad_norm)` of every training line in `metrics.jsonl`, as the exact JSON text
+/// of the numbers (equal text = equal f64 bits).
+pub fn losses(dump: &Path) -> Vec<(u64, String, String)> {
+    let body = std::fs::read_to_string(dump.join("metrics.jsonl")).expect("metrics.jsonl");
+    body.lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("loss").is_some())
+        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].to_string(), v["grad_norm"].to_string()))
+        .collect()
+}

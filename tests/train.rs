@@ -1,0 +1,129 @@
+//! End-to-end training through the binary: learning, determinism, bit-exact resume, checkpoint
+//! errors, the non-finite stop, generation, and the shipped debug config.
+
+mod common;
+use common::*;
+
+#[test]
+fn loss_falls_and_runs_are_bitwise_deterministic() {
+    let d = tempfile::tempdir().unwrap();
+    let (a, b) = (d.path().join("a"), d.path().join("b"));
+    assert_ok(&run(&tiny_args(&a, 30), &[]));
+    assert_ok(&run(&tiny_args(&b, 30), &[]));
+    let (la, lb) = (losses(&a), losses(&b));
+    assert_eq!(la.len(), 30);
+    assert_eq!(la, lb, "two runs of the same config differ");
+    let first: f64 = la[0].1.parse().unwrap();
+    let last: f64 = la[29].1.parse().unwrap();
+    // ln(2048) = 7.62 at init; 30 steps of the tiny model take it well below.
+    assert!(first > 7.0 && last < first - 1.0, "loss {first} -> {last}");
+}
+
+#[test]
+fn resume_equals_the_uninterrupted_run_bit_for_bit() {
+    let d = tempfile::tempdir().unwrap();
+    let (straight, resumed) = (d.path().join("straight"), d.path().join("resumed"));
+    // Gradient accumulation (2 microbatches) and clipping on, so their state is covered too.
+    let extra = ["--training.global_batch_size", "8", "--training.max_norm", "0.5"];
+    assert_ok(&run(&tiny_args(&straight, 12), &extra));
+    let ck = ["--checkpoint.enable", "true", "--checkpoint.interval", "3"];
+    let first: Vec<&str> = extra.iter().chain(&ck).copied().chain(["--debug.stop_at_step", "6"]).collect();
+    assert_ok(&run(&tiny_args(&resumed, 12), &first));
+    assert_eq!(losses(&resumed).len(), 6, "the interrupted run stops at step 6");
+    let second: Vec<&str> = extra.iter().chain(&ck).copied().collect();
+    let out = assert_ok(&run(&tiny_args(&resumed, 12), &second));
+    assert!(out.contains("training steps 7..=12"), "{out}");
+    assert_eq!(losses(&straight), losses(&resumed));
+    // keep_latest_k = 2 (from the config): steps 9 and 12 remain.
+    let ckpts: Vec<String> = std::fs::read_dir(resumed.join("checkpoint")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut ckpts = ckpts;
+    ckpts.sort();
+    assert_eq!(ckpts, vec!["step-12", "step-9"]);
+}
+
+fn checkpointed_run(dump: &std::path::Path) -> Vec<String> {
+    let args = tiny_args(dump, 4);
+    assert_ok(&run(&args, &["--checkpoint.enable", "true", "--checkpoint.interval", "2"]));
+    args
+}
+
+#[test]
+fn corrupt_checkpoint_is_a_clear_error_and_nothing_is_overwritten() {
+    let d = tempfile::tempdir().unwrap();
+    let args = checkpointed_run(d.path());
+    let model = d.path().join("checkpoint/step-4/model.safetensors");
+    let bytes = std::fs::read(&model).unwrap();
+    std::fs::write(&model, &bytes[..bytes.len() / 2]).unwrap();
+    let before = std::fs::read(d.path().join("checkpoint/step-2/model.safetensors")).unwrap();
+    let o = run(&args, &["--checkpoint.enable", "true", "--training.steps", "6"]);
+    assert_clean_error(&o, &["step-4/model.safetensors", "truncated"]);
+    assert_eq!(std::fs::read(d.path().join("checkpoint/step-2/model.safetensors")).unwrap(), before);
+    assert_eq!(std::fs::read(&model).unwrap().len(), bytes.len() / 2);
+    assert!(!d.path().join("checkpoint/step-6").exists());
+}
+
+#[test]
+fn checkpoint_of_another_model_is_a_clear_error() {
+    let d = tempfile::tempdir().unwrap();
+    let args = checkpointed_run(d.path());
+    let o = run(&args, &["--checkpoint.enable", "true", "--training.steps", "6", "--model.flavor", "debugmodel"]);
+    assert_clean_error(&o, &["model.safetensors", "tok_embeddings.weight has shape [2048, 64]", "[2048, 256]"]);
+}
+
+#[test]
+fn missing_load_step_lists_what_exists() {
+    let d = tempfile::tempdir().unwrap();
+    let args = checkpointed_run(d.path());
+    let o = run(&args, &["--checkpoint.enable", "true", "--checkpoint.load_step", "3"]);
+    assert_clean_error(&o, &["`checkpoint.load_step` = 3", "[2, 4]"]);
+}
+
+#[test]
+fn non_finite_loss_stops_without_checkpointing_the_bad_state() {
+    let d = tempfile::tempdir().unwrap();
+    let o = run(&tiny_args(d.path(), 6), &["--checkpoint.enable", "true", "--checkpoint.interval", "1", "--debug.inject_nonfinite_at_step", "3"]);
+    assert_clean_error(&o, &["step 3", "NaN", "not checkpointed", "step-2"]);
+    let mut steps: Vec<String> = std::fs::read_dir(d.path().join("checkpoint")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    steps.sort();
+    assert_eq!(steps, vec!["step-1", "step-2"]);
+}
+
+#[test]
+fn generate_samples_text_from_a_checkpoint() {
+    let d = tempfile::tempdir().unwrap();
+    checkpointed_run(d.path());
+    let out = assert_ok(&titan(&["generate", "--checkpoint", d.path().to_str().unwrap(), "--prompt", "ROMEO:", "--max-new-tokens", "20", "--seed", "3"]));
+    assert!(out.starts_with("ROMEO:") && out.trim_end().len() > "ROMEO:".len(), "{out}");
+    let again = assert_ok(&titan(&["generate", "--checkpoint", d.path().join("checkpoint/step-2").to_str().unwrap(), "--prompt", "ROMEO:", "--max-new-tokens", "20", "--seed", "3"]));
+    assert!(again.starts_with("ROMEO:"));
+}
+
+/// The shipped debug config, as a new user runs it: trains, validates, checkpoints, and the
+/// validation loss ends clearly below the unigram entropy of the corpus.
+#[test]
+fn shipped_debug_config_learns_below_unigram_entropy() {
+    let d = tempfile::tempdir().unwrap();
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("token-cache");
+    let o = titan(&[
+        "train", "--config", "configs/llama_debug.toml",
+        "--job.dump_folder", d.path().to_str().unwrap(),
+        "--training.cache_dir", cache.to_str().unwrap(),
+    ]);
+    let out = assert_ok(&o);
+    let metrics = std::fs::read_to_string(d.path().join("metrics.jsonl")).unwrap();
+    let val: Vec<f64> = metrics
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["val_loss"].as_f64())
+        .collect();
+    assert!(val.len() >= 2, "{out}");
+    let tok = titan_data::Tokenizer::from_file(&repo().join("assets/tokenizer/tokenizer.json")).unwrap();
+    let vt = titan_data::tokenize_corpus(&repo().join("assets/shakespeare/valid.txt"), &tok, &cache).unwrap();
+    let h = titan_data::unigram_entropy(&vt);
+    let last = *val.last().unwrap();
+    assert!(last < h - 0.5, "final validation loss {last:.3} is not clearly below the unigram entropy {h:.3}");
+    assert!(d.path().join("checkpoint/step-120/model.safetensors").exists());
+    assert!(d.path().join("loss_curve.png").exists());
+    for key in ["\"loss\"", "\"grad_norm\"", "\"lr\"", "\"tokens_per_s\"", "\"mfu\""] {
+        assert!(metrics.lines().next().unwrap().contains(key), "metrics line lacks {key}");
+    }
+}
