@@ -11,6 +11,7 @@ use burn::module::{ModuleVisitor, Param};
 use burn::prelude::*;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
+use titan_kernels::{causal_attention, supports_fused_attention};
 
 const INIT_STD: f64 = 0.02;
 
@@ -23,6 +24,8 @@ pub struct Attention {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    /// Use the fused kernel (`titan_kernels`) where the device has it.
+    pub fused: bool,
 }
 
 impl Attention {
@@ -37,6 +40,7 @@ impl Attention {
             n_heads: a.n_heads,
             n_kv_heads: a.n_kv_heads,
             head_dim: hd,
+            fused: true,
         }
     }
 
@@ -47,9 +51,13 @@ impl Attention {
         let q = rope.apply(heads(self.wq.forward(x.clone()), nh));
         let k = rope.apply(heads(self.wk.forward(x.clone()), nkv));
         let v = heads(self.wv.forward(x), nkv);
-        let (k, v) = (repeat_kv(k, nh / nkv), repeat_kv(v, nh / nkv));
-        let opts = AttentionModuleOptions { is_causal: true, ..Default::default() };
-        let o = attention(q, k, v, None, None, opts);
+        let o = if self.fused && supports_fused_attention(&q.device()) {
+            causal_attention(q, k, v)
+        } else {
+            let (k, v) = (repeat_kv(k, nh / nkv), repeat_kv(v, nh / nkv));
+            let opts = AttentionModuleOptions { is_causal: true, ..Default::default() };
+            attention(q, k, v, None, None, opts)
+        };
         self.wo.forward(o.swap_dims(1, 2).reshape([b, t, nh * hd]))
     }
 }
@@ -137,6 +145,14 @@ impl Transformer {
             rope_theta: a.rope_theta,
             head_dim: a.head_dim(),
         }
+    }
+
+    /// Chooses the fused attention kernel (default) or Burn's composed ops (the reference).
+    pub fn with_fused_attention(mut self, fused: bool) -> Self {
+        for l in &mut self.layers {
+            l.attention.fused = fused;
+        }
+        self
     }
 
     /// Token ids `[B, T]` → logits `[B, T, vocab]`.

@@ -116,3 +116,24 @@ fn gqa_and_mha_both_run_and_get_gradients() {
     let gn: f32 = g.square().sum().into_scalar();
     assert!(gn > 0.0 && gn.is_finite());
 }
+
+#[test]
+fn fused_and_reference_attention_train_the_same() {
+    // Whole-model check of the fused kernel: loss and every gradient agree with Burn's ops.
+    let args = ModelArgs::flavor("tiny").unwrap();
+    let dev = cpu().autodiff();
+    let x = tokens(2, 17, args.vocab_size, &dev);
+    let run = |fused: bool| {
+        let m = Transformer::new(&args, 9, &dev).with_fused_attention(fused);
+        let loss = loss::cross_entropy_sum(m.forward(x.clone().slice([0..2, 0..16])), x.clone().slice([0..2, 1..17]));
+        let l: f32 = loss.clone().into_scalar();
+        let g = loss.backward();
+        let gq: Vec<f32> = m.layers[1].attention.wq.weight.grad(&g).unwrap().into_data().try_to_vec().unwrap();
+        (l, gq)
+    };
+    let ((lf, gf), (lr, gr)) = (run(true), run(false));
+    assert!((lf - lr).abs() <= 1e-5 * lr.abs(), "loss {lf} vs {lr}");
+    let scale = gr.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let err = gf.iter().zip(&gr).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(err <= 1e-5 * scale, "wq grad error {err} vs scale {scale}");
+}

@@ -2,7 +2,7 @@
 
 use crate::config::load_config;
 use crate::state::load_model_tensors;
-use crate::trainer::to_tensor_2d;
+use crate::trainer::{build_model, to_tensor_2d};
 use crate::paths;
 use anyhow::{anyhow, bail, Context, Result};
 use burn::prelude::*;
@@ -11,7 +11,7 @@ use rand_chacha::ChaCha8Rng;
 use std::path::{Path, PathBuf};
 use titan_checkpoints::{load_tensors, CheckpointFolder};
 use titan_data::Tokenizer;
-use titan_models::{ModelArgs, Transformer};
+use titan_models::ModelArgs;
 
 pub struct GenerateOptions {
     pub prompt: String,
@@ -52,7 +52,7 @@ pub fn generate(checkpoint: &Path, o: &GenerateOptions) -> Result<String> {
     let device = Device::flex();
     let mpath = reader.path("model.safetensors");
     let (tensors, _) = load_tensors(&mpath, &reader.read("model.safetensors")?)?;
-    let model = load_model_tensors(Transformer::new(&args, 0, &device), tensors, &device, &mpath.display().to_string())
+    let model = load_model_tensors(build_model(&cfg, &args, 0, &device), tensors, &device, &mpath.display().to_string())
         .map_err(|e| anyhow!(e))?;
 
     let mut ids: Vec<i64> = tokenizer.encode(&o.prompt)?.into_iter().map(i64::from).collect();

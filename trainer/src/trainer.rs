@@ -57,6 +57,11 @@ pub struct Trainer {
     checkpoints: CheckpointFolder,
 }
 
+/// The model a config describes, lazily initialised from `seed` on `device`.
+pub fn build_model(cfg: &JobConfig, args: &ModelArgs, seed: u64, device: &Device) -> Transformer {
+    Transformer::new(args, seed, device).with_fused_attention(cfg.model.attention == "fused")
+}
+
 pub fn to_tensor_2d(v: &[i64], b: usize, t: usize, device: &Device) -> Tensor<2, Int> {
     Tensor::from_data(TensorData::new(v.to_vec(), [b, t]), device)
 }
@@ -102,7 +107,7 @@ impl Trainer {
         } else {
             Vec::new()
         };
-        let model = Transformer::new(&args, cfg.training.seed as u64, &device);
+        let model = build_model(&cfg, &args, cfg.training.seed as u64, &device);
         let checkpoints = CheckpointFolder::new(PathBuf::from(&cfg.job.dump_folder).join(&cfg.checkpoint.folder));
         let mut t = Self {
             optim: AdamW::new(AdamWConfig::from_config(&cfg.optimizer)),
@@ -158,7 +163,8 @@ impl Trainer {
             );
         }
         let scale = grads::clip_coefficient(grad_norm, self.cfg.training.max_norm);
-        let model = std::mem::replace(&mut self.model, Transformer::new(&self.args, 0, &self.device));
+        let placeholder = build_model(&self.cfg, &self.args, 0, &self.device); // lazy: allocates nothing
+        let model = std::mem::replace(&mut self.model, placeholder);
         self.model = self.optim.step(model, acc, lr, scale);
         self.step = step;
         Ok(StepStats { step, loss: loss_sum, grad_norm, lr, tokens: total_tokens, seconds: start.elapsed().as_secs_f64() })
@@ -228,7 +234,7 @@ impl Trainer {
             .with_context(|| format!("{} is corrupt", r.path("train_state.json").display()))?;
         let mpath = r.path("model.safetensors");
         let (tensors, _) = load_tensors(&mpath, &r.read("model.safetensors")?)?;
-        let fresh = Transformer::new(&self.args, 0, &self.device);
+        let fresh = build_model(&self.cfg, &self.args, 0, &self.device);
         self.model = state::load_model_tensors(fresh, tensors, &self.device, &mpath.display().to_string())
             .map_err(|e| anyhow!("{e}; checkpoint flavor is {:?}, this config's is {:?}", ts.flavor, self.cfg.model.flavor))?;
         let opath = r.path("optimizer.safetensors");

@@ -33,6 +33,8 @@ section!(Model {
     hf_assets_path: String = "assets/tokenizer".into(),
     /// A `tokenizer.json` path; overrides `hf_assets_path` when set.
     tokenizer_path: String = String::new(),
+    /// fused (titan-rs kernel where the device has it) | reference (Burn's composed ops)
+    attention: String = "fused".into(),
 });
 
 section!(Optimizer {

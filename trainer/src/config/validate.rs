@@ -29,6 +29,7 @@ pub fn validate(c: &JobConfig) -> Result<()> {
     let mut e = Vec::new();
     one_of(&mut e, "model.name", &c.model.name, &["llama3"]);
     one_of(&mut e, "model.flavor", &c.model.flavor, FLAVORS);
+    one_of(&mut e, "model.attention", &c.model.attention, &["fused", "reference"]);
     one_of(&mut e, "optimizer.name", &c.optimizer.name, &["AdamW"]);
     let o = &c.optimizer;
     if !(o.lr > 0.0 && o.lr.is_finite()) {
