@@ -12,6 +12,17 @@ fn main() {
     let (b, t) = (8, 256);
     let ids: Vec<i64> = (0..b * (t + 1)).map(|i| ((i * 7919) % 2048) as i64).collect();
     let x = Tensor::<2, Int>::from_data(TensorData::new(ids, [b, t + 1]), &dev);
+    {
+        use titan_kernels::attention::cpu;
+        let n = cpu::Dims { b, h: 16, kv: 16, t, d: 16 };
+        let len = b * 16 * t * 16;
+        let x: Vec<f32> = (0..len).map(|i| ((i * 7919 % 1000) as f32) / 1000.0 - 0.5).collect();
+        let t0 = Instant::now();
+        let (o, lse) = cpu::forward(&x, &x, &x, n, 0.25);
+        let t1 = Instant::now();
+        let _ = cpu::backward(&x, &x, &x, &o, &lse, &x, n, 0.25);
+        println!("fused attention kernel alone, one layer: forward {:.3}s backward {:.3}s", (t1 - t0).as_secs_f64(), t1.elapsed().as_secs_f64());
+    }
     for fused in [true, false] {
         let m = Transformer::new(&args, 0, &dev).with_fused_attention(fused);
         for it in 0..3 {

@@ -85,3 +85,16 @@ fn runs_without_autodiff_and_reports_support() {
     let e = rel_err(&causal_attention(q.clone(), k.clone(), v.clone()), &reference(q, k, v));
     assert!(e <= TOL, "{e}");
 }
+
+#[test]
+fn fast_exp_is_accurate_on_the_softmax_range() {
+    let mut worst = 0f64;
+    for k in 0..=200_000 {
+        let x = -(k as f32) * 100.0 / 200_000.0;
+        let (a, b) = (cpu::exp_for_tests(x) as f64, (x as f64).exp());
+        if b > 1e-30 {
+            worst = worst.max((a - b).abs() / b);
+        }
+    }
+    assert!(worst < 5e-7, "relative error {worst}");
+}
