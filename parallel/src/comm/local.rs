@@ -1,0 +1,359 @@
+//! The `local` backend: every rank is a thread of this process.
+//!
+//! A collective is an *exchange*: each rank deposits its call description and bytes in the
+//! group's slot for its next sequence number; once all have arrived, each rank computes its result
+//! from all contributions in rank order (so results are bitwise identical on every rank and
+//! every run). Calls that differ (kind, dtype, size, op, root) are an error naming both; waits
+//! time out with a per-rank history of the last collectives; a failed rank aborts the world.
+
+use super::{reduce, CallInfo, CommError, CommResult, Communicator, DType, ReduceOp};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+const TICK: Duration = Duration::from_millis(20);
+const HISTORY: usize = 16;
+const REPORTED: usize = 4;
+
+struct Record {
+    group: Vec<usize>,
+    seq: u64,
+    call: String,
+    done: bool,
+}
+
+#[derive(Default)]
+struct Slot {
+    infos: Vec<Option<CallInfo>>,
+    data: Vec<Option<Vec<u8>>>,
+    arrived: usize,
+    taken: usize,
+    ready: Option<Arc<Vec<Vec<u8>>>>,
+    error: Option<CommError>,
+}
+
+struct Group {
+    ranks: Vec<usize>,
+    /// Next sequence number of each member (kept here so every handle of a rank shares it).
+    seq: Vec<AtomicU64>,
+    slots: Mutex<HashMap<u64, Slot>>,
+    cv: Condvar,
+}
+
+type MailKey = (usize, usize, u32);
+
+/// The shared state of one run: groups, mailboxes, flight recorder, abort flag.
+pub struct LocalWorld {
+    size: usize,
+    timeout: Duration,
+    aborted: AtomicBool,
+    first_error: Mutex<Option<String>>,
+    groups: Mutex<HashMap<Vec<usize>, Arc<Group>>>,
+    mail: Mutex<HashMap<MailKey, VecDeque<(CallInfo, Vec<u8>)>>>,
+    mail_cv: Condvar,
+    recorder: Vec<Mutex<VecDeque<Record>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl LocalWorld {
+    pub fn new(size: usize, timeout: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            size,
+            timeout,
+            aborted: AtomicBool::new(false),
+            first_error: Mutex::new(None),
+            groups: Mutex::new(HashMap::new()),
+            mail: Mutex::new(HashMap::new()),
+            mail_cv: Condvar::new(),
+            recorder: (0..size).map(|_| Mutex::new(VecDeque::new())).collect(),
+        })
+    }
+
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The world group's communicator for `rank`.
+    pub fn communicator(self: &Arc<Self>, rank: usize) -> LocalComm {
+        let ranks: Vec<usize> = (0..self.size).collect();
+        LocalComm { world: self.clone(), group: self.group(&ranks), rank }
+    }
+
+    fn group(&self, ranks: &[usize]) -> Arc<Group> {
+        lock(&self.groups)
+            .entry(ranks.to_vec())
+            .or_insert_with(|| {
+                Arc::new(Group {
+                    ranks: ranks.to_vec(),
+                    seq: ranks.iter().map(|_| AtomicU64::new(0)).collect(),
+                    slots: Mutex::new(HashMap::new()),
+                    cv: Condvar::new(),
+                })
+            })
+            .clone()
+    }
+
+    /// Stops every rank: waits return [`CommError::Aborted`] with the first message recorded.
+    pub fn abort(&self, message: String) {
+        lock(&self.first_error).get_or_insert(message);
+        self.aborted.store(true, Ordering::SeqCst);
+        for g in lock(&self.groups).values() {
+            g.cv.notify_all();
+        }
+        self.mail_cv.notify_all();
+    }
+
+    /// The first failure reported to [`LocalWorld::abort`].
+    pub fn first_error(&self) -> Option<String> {
+        lock(&self.first_error).clone()
+    }
+
+    fn check_abort(&self) -> CommResult<()> {
+        if self.aborted.load(Ordering::SeqCst) {
+            return Err(CommError::Aborted(self.first_error().unwrap_or_default()));
+        }
+        Ok(())
+    }
+
+    fn record(&self, rank: usize, group: &[usize], seq: u64, call: &CallInfo) {
+        let mut r = lock(&self.recorder[rank]);
+        if r.len() == HISTORY {
+            r.pop_front();
+        }
+        r.push_back(Record { group: group.to_vec(), seq, call: call.to_string(), done: false });
+    }
+
+    fn record_done(&self, rank: usize, group: &[usize], seq: u64) {
+        if let Some(rec) = lock(&self.recorder[rank]).iter_mut().rev().find(|r| r.seq == seq && r.group == group) {
+            rec.done = true;
+        }
+    }
+
+    /// Each rank's last collectives (the flight recorder), for timeout reports.
+    pub fn flight_report(&self) -> String {
+        let mut out = String::new();
+        for (rank, rec) in self.recorder.iter().enumerate() {
+            let rec = lock(rec);
+            let last: Vec<String> = rec
+                .iter()
+                .rev()
+                .take(REPORTED)
+                .rev()
+                .map(|r| format!("#{} {} on {:?} {}", r.seq, r.call, r.group, if r.done { "done" } else { "WAITING" }))
+                .collect();
+            let line = if last.is_empty() { "no collectives".to_string() } else { last.join("; ") };
+            out.push_str(&format!("\n  rank {rank}: {line}"));
+        }
+        out
+    }
+}
+
+/// One rank's handle on one group.
+pub struct LocalComm {
+    world: Arc<LocalWorld>,
+    group: Arc<Group>,
+    rank: usize,
+}
+
+impl LocalComm {
+    pub fn world(&self) -> &Arc<LocalWorld> {
+        &self.world
+    }
+
+    fn global(&self, r: usize) -> usize {
+        self.group.ranks[r]
+    }
+
+    /// Deposits this rank's contribution and returns everyone's, in rank order.
+    fn exchange(&self, info: CallInfo, data: Vec<u8>) -> CommResult<Arc<Vec<Vec<u8>>>> {
+        self.world.check_abort()?;
+        let n = self.group.ranks.len();
+        if n == 1 {
+            return Ok(Arc::new(vec![data]));
+        }
+        let seq = self.group.seq[self.rank].fetch_add(1, Ordering::SeqCst);
+        let me = self.global(self.rank);
+        self.world.record(me, &self.group.ranks, seq, &info);
+        let mut slots = lock(&self.group.slots);
+        let slot = slots.entry(seq).or_insert_with(|| Slot {
+            infos: vec![None; n],
+            data: vec![None; n],
+            ..Default::default()
+        });
+        if let Some((other, theirs)) = slot.infos.iter().enumerate().find_map(|(r, i)| i.clone().map(|i| (r, i))) {
+            if theirs != info {
+                let e = CommError::Mismatch(format!(
+                    "collective #{seq} on group {:?}: rank {me} called {info} but rank {} called {theirs}",
+                    self.group.ranks,
+                    self.global(other)
+                ));
+                slot.error.get_or_insert(e.clone());
+                self.group.cv.notify_all();
+                return Err(e);
+            }
+        }
+        slot.infos[self.rank] = Some(info.clone());
+        slot.data[self.rank] = Some(data);
+        slot.arrived += 1;
+        if slot.arrived == n {
+            let all = slot.data.iter_mut().map(|d| d.take().unwrap_or_default()).collect();
+            slot.ready = Some(Arc::new(all));
+            self.group.cv.notify_all();
+        }
+        let start = Instant::now();
+        loop {
+            let slot = slots.get_mut(&seq).expect("slot lives until every rank took it");
+            if let Some(e) = &slot.error {
+                return Err(e.clone());
+            }
+            if let Some(all) = slot.ready.clone() {
+                slot.taken += 1;
+                if slot.taken == n {
+                    slots.remove(&seq);
+                }
+                self.world.record_done(me, &self.group.ranks, seq);
+                return Ok(all);
+            }
+            if let Err(e) = self.world.check_abort() {
+                return Err(e);
+            }
+            if start.elapsed() > self.world.timeout {
+                let arrived: Vec<usize> = (0..n).filter(|&r| slot.infos[r].is_some()).map(|r| self.global(r)).collect();
+                let e = CommError::Timeout(format!(
+                    "rank {me} waited {:.1}s in {info} #{seq} on group {:?}; ranks {arrived:?} arrived. Last collectives of each rank:{}",
+                    self.world.timeout.as_secs_f64(),
+                    self.group.ranks,
+                    self.world.flight_report()
+                ));
+                slot.error.get_or_insert(e.clone());
+                return Err(e);
+            }
+            slots = self.group.cv.wait_timeout(slots, TICK).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    fn info(kind: &'static str, dtype: DType, bytes: usize, op: Option<ReduceOp>, root: Option<usize>) -> CommResult<CallInfo> {
+        if bytes % dtype.size() != 0 {
+            return Err(CommError::Invalid(format!("{kind}: {bytes} bytes is not a whole number of {dtype:?} elements")));
+        }
+        Ok(CallInfo { kind, dtype, count: bytes / dtype.size(), op, root })
+    }
+
+    fn check_peer(&self, peer: usize, what: &str) -> CommResult<usize> {
+        if peer >= self.size() || peer == self.rank {
+            return Err(CommError::Invalid(format!("{what} rank {peer} in a group of {} (this is rank {})", self.size(), self.rank)));
+        }
+        Ok(self.global(peer))
+    }
+}
+
+impl Communicator for LocalComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.group.ranks.len()
+    }
+
+    fn global_ranks(&self) -> &[usize] {
+        &self.group.ranks
+    }
+
+    fn all_reduce_bytes(&self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
+        let info = Self::info("all_reduce", dtype, buf.len(), Some(op), None)?;
+        let all = self.exchange(info, buf.to_vec())?;
+        let parts: Vec<&[u8]> = all.iter().map(|p| p.as_slice()).collect();
+        reduce(&parts, buf, dtype, op)
+    }
+
+    fn all_gather_bytes(&self, send: &[u8], recv: &mut [u8], dtype: DType) -> CommResult<()> {
+        if recv.len() != send.len() * self.size() {
+            return Err(CommError::Invalid(format!("all_gather: recv holds {} bytes, needs {} × {}", recv.len(), self.size(), send.len())));
+        }
+        let all = self.exchange(Self::info("all_gather", dtype, send.len(), None, None)?, send.to_vec())?;
+        for (chunk, part) in recv.chunks_mut(send.len().max(1)).zip(all.iter()) {
+            chunk.copy_from_slice(part);
+        }
+        Ok(())
+    }
+
+    fn reduce_scatter_bytes(&self, send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
+        if send.len() != recv.len() * self.size() {
+            return Err(CommError::Invalid(format!("reduce_scatter: send holds {} bytes, needs {} × {}", send.len(), self.size(), recv.len())));
+        }
+        let all = self.exchange(Self::info("reduce_scatter", dtype, send.len(), Some(op), None)?, send.to_vec())?;
+        let c = recv.len();
+        let parts: Vec<&[u8]> = all.iter().map(|p| &p[self.rank * c..(self.rank + 1) * c]).collect();
+        reduce(&parts, recv, dtype, op)
+    }
+
+    fn broadcast_bytes(&self, buf: &mut [u8], dtype: DType, root: usize) -> CommResult<()> {
+        if root >= self.size() {
+            return Err(CommError::Invalid(format!("broadcast from rank {root} in a group of {}", self.size())));
+        }
+        let mine = if self.rank == root { buf.to_vec() } else { Vec::new() };
+        let all = self.exchange(Self::info("broadcast", dtype, buf.len(), None, Some(root))?, mine)?;
+        if self.rank != root {
+            buf.copy_from_slice(&all[root]);
+        }
+        Ok(())
+    }
+
+    fn send_bytes(&self, buf: &[u8], dtype: DType, dst: usize, tag: u32) -> CommResult<()> {
+        self.world.check_abort()?;
+        let to = self.check_peer(dst, "send to")?;
+        let info = Self::info("send", dtype, buf.len(), None, None)?;
+        lock(&self.world.mail).entry((self.global(self.rank), to, tag)).or_default().push_back((info, buf.to_vec()));
+        self.world.mail_cv.notify_all();
+        Ok(())
+    }
+
+    fn recv_bytes(&self, buf: &mut [u8], dtype: DType, src: usize, tag: u32) -> CommResult<()> {
+        let from = self.check_peer(src, "recv from")?;
+        let want = Self::info("send", dtype, buf.len(), None, None)?;
+        let me = self.global(self.rank);
+        let start = Instant::now();
+        let mut mail = lock(&self.world.mail);
+        loop {
+            if let Some((info, data)) = mail.get_mut(&(from, me, tag)).and_then(|q| q.pop_front()) {
+                if info != want {
+                    return Err(CommError::Mismatch(format!("rank {from} sent {info} with tag {tag} but rank {me} expects {want}")));
+                }
+                buf.copy_from_slice(&data);
+                return Ok(());
+            }
+            self.world.check_abort()?;
+            if start.elapsed() > self.world.timeout {
+                return Err(CommError::Timeout(format!(
+                    "rank {me} waited {:.1}s to receive {want} from rank {from} with tag {tag}. Last collectives of each rank:{}",
+                    self.world.timeout.as_secs_f64(),
+                    self.world.flight_report()
+                )));
+            }
+            mail = self.world.mail_cv.wait_timeout(mail, TICK).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    fn barrier(&self) -> CommResult<()> {
+        self.exchange(Self::info("barrier", DType::U8, 0, None, None)?, Vec::new()).map(|_| ())
+    }
+
+    fn sub_group(&self, global_ranks: &[usize]) -> CommResult<Box<dyn Communicator>> {
+        let mut ranks = global_ranks.to_vec();
+        ranks.sort();
+        ranks.dedup();
+        let me = self.global(self.rank);
+        let Some(rank) = ranks.iter().position(|&r| r == me) else {
+            return Err(CommError::Invalid(format!("rank {me} asked for sub-group {ranks:?} that does not contain it")));
+        };
+        if let Some(bad) = ranks.iter().find(|&&r| r >= self.world.size) {
+            return Err(CommError::Invalid(format!("sub-group {ranks:?} names rank {bad} outside the world of {}", self.world.size)));
+        }
+        Ok(Box::new(LocalComm { world: self.world.clone(), group: self.world.group(&ranks), rank }))
+    }
+}

@@ -1,0 +1,140 @@
+//! The communicator: one process group over host buffers.
+//!
+//! Backends implement byte-level operations tagged with a [`DType`]; [`CommExt`] gives the
+//! typed calls (`all_reduce(&mut [f32], ReduceOp::Sum)`, …). A device-buffer backend (NCCL)
+//! would implement the same trait.
+
+mod local;
+mod reduce;
+
+pub use local::{LocalComm, LocalWorld};
+pub use reduce::reduce;
+
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DType {
+    F32,
+    BF16,
+    /// Raw bytes: gathered, broadcast and sent, never reduced.
+    U8,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::BF16 => 2,
+            DType::U8 => 1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    Mean,
+    Max,
+}
+
+/// What a collective call was, for matching calls across ranks and for error reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallInfo {
+    pub kind: &'static str,
+    pub dtype: DType,
+    /// Elements contributed by this rank.
+    pub count: usize,
+    pub op: Option<ReduceOp>,
+    pub root: Option<usize>,
+}
+
+impl fmt::Display for CallInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}({:?} × {}", self.kind, self.dtype, self.count)?;
+        if let Some(op) = self.op {
+            write!(f, ", {op:?}")?;
+        }
+        if let Some(r) = self.root {
+            write!(f, ", root {r}")?;
+        }
+        f.write_str(")")
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommError {
+    #[error("collective mismatch: {0}")]
+    Mismatch(String),
+    #[error("collective timed out: {0}")]
+    Timeout(String),
+    #[error("stopped because another rank failed: {0}")]
+    Aborted(String),
+    #[error("invalid collective call: {0}")]
+    Invalid(String),
+}
+
+pub type CommResult<T> = Result<T, CommError>;
+
+/// A process group. Ranks are the group's own (0..size); `global_ranks` maps them to the world.
+pub trait Communicator: Send + Sync {
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+    fn global_ranks(&self) -> &[usize];
+
+    /// Reduces `buf` (elements of `dtype`) across the group in rank order; every rank gets the result.
+    fn all_reduce_bytes(&self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()>;
+    /// Concatenates every rank's `send`, in rank order, into `recv` (`size ×` as long).
+    fn all_gather_bytes(&self, send: &[u8], recv: &mut [u8], dtype: DType) -> CommResult<()>;
+    /// Reduces every rank's `send` and keeps chunk `rank` (of `size` equal chunks) in `recv`.
+    fn reduce_scatter_bytes(&self, send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()>;
+    /// Copies `root`'s `buf` to every rank.
+    fn broadcast_bytes(&self, buf: &mut [u8], dtype: DType, root: usize) -> CommResult<()>;
+    /// Point to point, matched by `(source, destination, tag)` in order.
+    fn send_bytes(&self, buf: &[u8], dtype: DType, dst: usize, tag: u32) -> CommResult<()>;
+    fn recv_bytes(&self, buf: &mut [u8], dtype: DType, src: usize, tag: u32) -> CommResult<()>;
+    fn barrier(&self) -> CommResult<()>;
+    /// The sub-group of the given *global* ranks (which must include this rank). Every member
+    /// must ask for the same set.
+    fn sub_group(&self, global_ranks: &[usize]) -> CommResult<Box<dyn Communicator>>;
+}
+
+/// Element types a communicator carries.
+pub trait Element: bytemuck::Pod + Send + Sync {
+    const DTYPE: DType;
+}
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+}
+impl Element for half::bf16 {
+    const DTYPE: DType = DType::BF16;
+}
+impl Element for u8 {
+    const DTYPE: DType = DType::U8;
+}
+
+/// Typed collectives on any communicator.
+pub trait CommExt: Communicator {
+    fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> CommResult<()> {
+        self.all_reduce_bytes(bytemuck::cast_slice_mut(buf), T::DTYPE, op)
+    }
+    fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> CommResult<()> {
+        self.all_gather_bytes(bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv), T::DTYPE)
+    }
+    fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> CommResult<()> {
+        self.reduce_scatter_bytes(bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv), T::DTYPE, op)
+    }
+    fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> CommResult<()> {
+        self.broadcast_bytes(bytemuck::cast_slice_mut(buf), T::DTYPE, root)
+    }
+    fn send<T: Element>(&self, buf: &[T], dst: usize, tag: u32) -> CommResult<()> {
+        self.send_bytes(bytemuck::cast_slice(buf), T::DTYPE, dst, tag)
+    }
+    fn recv<T: Element>(&self, buf: &mut [T], src: usize, tag: u32) -> CommResult<()> {
+        self.recv_bytes(bytemuck::cast_slice_mut(buf), T::DTYPE, src, tag)
+    }
+}
+
+impl<C: Communicator + ?Sized> CommExt for C {}
+
+#[cfg(test)]
+mod tests;

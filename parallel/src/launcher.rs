@@ -1,0 +1,51 @@
+//! Runs one closure per rank, each on its own thread with its world communicator. The first rank
+//! to fail (error or panic) aborts the world, so every other rank stops at its next wait; the
+//! first failure is returned.
+
+use crate::comm::{LocalComm, LocalWorld};
+use anyhow::{anyhow, Result};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Duration;
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// Runs `f(rank's communicator)` on `world_size` threads; returns every rank's value in rank
+/// order, or the first failure.
+pub fn run_ranks<T, F>(world_size: usize, timeout: Duration, f: F) -> Result<Vec<T>>
+where
+    T: Send,
+    F: Fn(LocalComm) -> Result<T> + Sync,
+{
+    let world = LocalWorld::new(world_size, timeout);
+    let results: Vec<Option<T>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..world_size)
+            .map(|rank| {
+                let (comm, world, f) = (world.communicator(rank), world.clone(), &f);
+                std::thread::Builder::new()
+                    .name(format!("rank-{rank}"))
+                    .spawn_scoped(s, move || match catch_unwind(AssertUnwindSafe(|| f(comm))) {
+                        Ok(Ok(v)) => Some(v),
+                        Ok(Err(e)) => {
+                            world.abort(format!("rank {rank}: {e:#}"));
+                            None
+                        }
+                        Err(p) => {
+                            world.abort(format!("rank {rank} panicked: {}", panic_message(p.as_ref())));
+                            None
+                        }
+                    })
+                    .expect("spawning a rank thread")
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or(None)).collect()
+    });
+    if let Some(e) = world.first_error() {
+        return Err(anyhow!(e));
+    }
+    results.into_iter().map(|r| r.ok_or_else(|| anyhow!("a rank stopped without a result"))).collect()
+}

@@ -1,0 +1,16 @@
+//! Parallelism infrastructure for titan-rs.
+//!
+//! * [`mesh`]: TorchTitan's `ParallelDims` rules — degrees, world size, the rank grid
+//!   (`pp, dp_replicate, dp_shard, tp`, tp innermost) and the derived groups.
+//! * [`comm`]: the [`comm::Communicator`] trait over host buffers (f32, bf16, bytes) and the
+//!   `local` backend (every rank a thread; reductions in fixed rank order, so bitwise
+//!   reproducible; mismatched calls and timeouts are errors, never hangs or mixed data).
+//! * [`launcher`]: runs one closure per rank on threads; the first failure stops every rank.
+
+pub mod comm;
+pub mod launcher;
+pub mod mesh;
+
+pub use comm::{CommError, CommExt, Communicator, DType, ReduceOp};
+pub use launcher::run_ranks;
+pub use mesh::{Axis, Mesh, ParallelDims};
