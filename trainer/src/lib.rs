@@ -2,6 +2,7 @@
 //! checkpoint glue, text generation and benchmarks. The binary is `titan-rs`.
 
 pub mod bench;
+pub mod bench_comm;
 pub mod config;
 pub mod generate;
 pub mod grads;

@@ -5,7 +5,7 @@ use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use titan_rs::config::{load_config, parse_overrides, to_toml, JobConfig};
-use titan_rs::{bench, generate, train};
+use titan_rs::{bench, bench_comm, generate, train};
 
 #[derive(Parser)]
 #[command(name = "titan-rs", version, about = "LLM pre-training on Burn, configured like TorchTitan")]
@@ -73,14 +73,37 @@ enum Command {
         #[arg(long, default_value_t = 256)]
         context: usize,
     },
-    /// Measure tokens/s and MFU of training steps.
+    /// Benchmarks.
     Bench {
+        #[command(subcommand)]
+        kind: BenchKind,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchKind {
+    /// Tokens/s and MFU of training steps.
+    Train {
         #[arg(long, default_value_t = 2)]
         warmup: usize,
         #[arg(long, default_value_t = 5)]
         steps: usize,
         #[command(flatten)]
         config: ConfigArgs,
+    },
+    /// All-reduce, all-gather, reduce-scatter, broadcast and send/recv from 1 KiB to 64 MiB,
+    /// results checked, with times and bandwidths.
+    Comm {
+        /// Ranks (threads of this process).
+        #[arg(long, default_value_t = 2)]
+        nproc: usize,
+        /// Largest message in MiB.
+        #[arg(long, default_value_t = 64)]
+        max_mib: usize,
+        #[arg(long, default_value_t = 3)]
+        iters: usize,
+        #[arg(long, default_value_t = 120.0)]
+        timeout_seconds: f64,
     },
 }
 
@@ -129,7 +152,11 @@ fn run(cli: Cli) -> Result<()> {
             let o = generate::GenerateOptions { prompt, max_new_tokens, temperature, top_k, seed, context };
             println!("{}", generate::generate(&checkpoint, &o)?);
         }
-        Command::Bench { mut warmup, mut steps, config } => {
+        Command::Bench { kind: BenchKind::Comm { nproc, max_mib, iters, timeout_seconds } } => {
+            let rows = bench_comm::bench_comm(nproc, max_mib << 20, iters.max(1), std::time::Duration::from_secs_f64(timeout_seconds))?;
+            bench_comm::print_table(&rows, nproc);
+        }
+        Command::Bench { kind: BenchKind::Train { mut warmup, mut steps, config } } => {
             let (cfg, flags) = config.load_with_flags(&["warmup", "steps"])?;
             for (k, v) in flags {
                 let n: usize = v.parse().with_context(|| format!("--{k} {v}: expected a number"))?;

@@ -3,25 +3,28 @@
 use super::{CommError, CommResult, DType, ReduceOp};
 use half::bf16;
 
-fn to_f32(bytes: &[u8], dtype: DType) -> Vec<f32> {
+/// Element `i` of a little-endian buffer of `dtype`, as f32 (no allocation).
+#[inline]
+fn get(bytes: &[u8], dtype: DType, i: usize) -> f32 {
     match dtype {
-        DType::F32 => bytemuck::pod_collect_to_vec(bytes),
-        DType::BF16 => bytemuck::pod_collect_to_vec::<u8, bf16>(bytes).iter().map(|x| x.to_f32()).collect(),
+        DType::F32 => f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap()),
+        DType::BF16 => bf16::from_le_bytes(bytes[2 * i..2 * i + 2].try_into().unwrap()).to_f32(),
         DType::U8 => unreachable!("checked by the caller"),
     }
 }
 
-/// Reduces `parts` (one byte buffer per rank, rank order) into `out`.
+/// Reduces `parts` (one byte buffer per rank, rank order) into `out`: the first part is the start
+/// value and the others are combined in rank order, in f32 (so bf16 sums are accumulated in f32).
 pub fn reduce(parts: &[&[u8]], out: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
     if dtype == DType::U8 {
         return Err(CommError::Invalid("raw bytes cannot be reduced; use f32 or bf16".into()));
     }
-    let mut acc = to_f32(parts[0], dtype);
+    let n = out.len() / dtype.size();
+    let mut acc: Vec<f32> = (0..n).map(|i| get(parts[0], dtype, i)).collect();
     for p in &parts[1..] {
-        let x = to_f32(p, dtype);
         match op {
-            ReduceOp::Sum | ReduceOp::Mean => acc.iter_mut().zip(&x).for_each(|(a, b)| *a += b),
-            ReduceOp::Max => acc.iter_mut().zip(&x).for_each(|(a, b)| *a = a.max(*b)),
+            ReduceOp::Sum | ReduceOp::Mean => acc.iter_mut().enumerate().for_each(|(i, a)| *a += get(p, dtype, i)),
+            ReduceOp::Max => acc.iter_mut().enumerate().for_each(|(i, a)| *a = a.max(get(p, dtype, i))),
         }
     }
     if op == ReduceOp::Mean {
