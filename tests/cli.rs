@@ -63,3 +63,14 @@ fn shipped_tokenizer_round_trips_the_corpus() {
     assert_eq!(tok.decode(&ids).unwrap(), sample);
     assert!(ids.len() * 2 < sample.len(), "BPE should compress: {} tokens for {} bytes", ids.len(), sample.len());
 }
+
+#[test]
+fn bench_comm_checks_every_collective_on_four_ranks() {
+    let out = assert_ok(&titan(&["bench", "comm", "--nproc", "4", "--max-mib", "1", "--iters", "1"]));
+    for op in ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"] {
+        assert_eq!(out.lines().filter(|l| l.starts_with(&format!("| {op} |"))).count(), 6, "{op} rows (1 KiB..1 MiB):\n{out}");
+    }
+    assert!(out.contains("every result checked"));
+    let o = titan(&["bench", "comm", "--nproc", "1"]);
+    assert_clean_error(&o, &["--nproc 1", "at least 2 ranks"]);
+}

@@ -5,11 +5,15 @@
 //! * [`comm`]: the [`comm::Communicator`] trait over host buffers (f32, bf16, bytes) and the
 //!   `local` backend (every rank a thread; reductions in fixed rank order, so bitwise
 //!   reproducible; mismatched calls and timeouts are errors, never hangs or mixed data).
+//! * [`autograd`]: differentiable collectives on Burn tensors (Megatron's f and g, gather/split,
+//!   reduce-scatter, the FSDP parameter all-gather) as custom autodiff ops.
 //! * [`launcher`]: runs one closure per rank on threads; the first failure stops every rank.
 
+pub mod autograd;
 pub mod comm;
 pub mod launcher;
 pub mod mesh;
+pub mod registry;
 
 pub use comm::{CommError, CommExt, Communicator, DType, ReduceOp};
 pub use launcher::run_ranks;

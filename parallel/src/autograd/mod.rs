@@ -1,0 +1,70 @@
+//! Differentiable collectives on Burn tensors, as custom autodiff ops.
+//!
+//! Each op is a pair (forward primitive, backward primitive):
+//!
+//! | op | forward | backward |
+//! |---|---|---|
+//! | [`copy_to_group`] (Megatron f) | identity | all-reduce |
+//! | [`reduce_from_group`] (Megatron g) | all-reduce | identity |
+//! | [`gather_from_group`] | all-gather along `dim` | split along `dim` |
+//! | [`split_to_group`] | split along `dim` | all-gather along `dim` |
+//! | [`reduce_scatter_to_group`] | reduce-scatter along `dim` | all-gather along `dim` |
+//! | [`fsdp_all_gather`] | all-gather along dim 0 | reduce-scatter along dim 0 |
+//!
+//! Backward steps run in an order fixed by the graph's shape, so ranks with identical graphs
+//! issue these collectives in the same order (tested).
+
+mod autodiff;
+mod flex;
+pub mod host;
+
+use crate::registry::GroupHandle;
+use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch};
+use burn::prelude::*;
+use host::Prim;
+
+#[backend_extension(Flex, Autodiff)]
+pub trait CollectiveOps: Backend {
+    /// Runs primitive `fwd` (a [`Prim`] code) on group `group`; under autodiff the gradient is
+    /// primitive `bwd` of the output gradient.
+    fn dist_collective(x: FloatTensor<Self>, fwd: u32, bwd: u32, dim: usize, group: u64) -> FloatTensor<Self>;
+}
+
+fn op<const D: usize>(x: Tensor<D>, fwd: Prim, bwd: Prim, dim: usize, g: &GroupHandle) -> Tensor<D> {
+    assert!(dim < D, "collective along dim {dim} of a {D}-d tensor");
+    Tensor::from_dispatch(Dispatch::dist_collective(x.into_dispatch(), fwd as u32, bwd as u32, dim, g.id()))
+}
+
+/// Megatron's f: identity forward, all-reduce of the gradient.
+pub fn copy_to_group<const D: usize>(x: Tensor<D>, g: &GroupHandle) -> Tensor<D> {
+    op(x, Prim::Identity, Prim::AllReduce, 0, g)
+}
+
+/// Megatron's g: all-reduce forward, identity backward.
+pub fn reduce_from_group<const D: usize>(x: Tensor<D>, g: &GroupHandle) -> Tensor<D> {
+    op(x, Prim::AllReduce, Prim::Identity, 0, g)
+}
+
+/// All-gather along `dim` forward; the gradient keeps this rank's part.
+pub fn gather_from_group<const D: usize>(x: Tensor<D>, dim: usize, g: &GroupHandle) -> Tensor<D> {
+    op(x, Prim::AllGather, Prim::Split, dim, g)
+}
+
+/// Keeps this rank's part along `dim` forward; the gradient is all-gathered.
+pub fn split_to_group<const D: usize>(x: Tensor<D>, dim: usize, g: &GroupHandle) -> Tensor<D> {
+    op(x, Prim::Split, Prim::AllGather, dim, g)
+}
+
+/// Reduce-scatter along `dim` forward (sequence parallelism after a row-parallel layer); the
+/// gradient is all-gathered.
+pub fn reduce_scatter_to_group<const D: usize>(x: Tensor<D>, dim: usize, g: &GroupHandle) -> Tensor<D> {
+    op(x, Prim::ReduceScatter, Prim::AllGather, dim, g)
+}
+
+/// FSDP's parameter op: all-gather the dim-0 shards forward, reduce-scatter the gradient.
+pub fn fsdp_all_gather<const D: usize>(shard: Tensor<D>, g: &GroupHandle) -> Tensor<D> {
+    op(shard, Prim::AllGather, Prim::ReduceScatter, 0, g)
+}
+
+#[cfg(test)]
+mod tests;
