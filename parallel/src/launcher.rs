@@ -7,6 +7,32 @@ use anyhow::{anyhow, Result};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
+/// Whether this process was started by an MPI launcher (mpirun, or srun with PMI): then the
+/// ranks are processes and the world comes from MPI.
+pub fn under_mpi_launcher() -> bool {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"].iter().any(|v| std::env::var_os(v).is_some())
+}
+
+/// Runs this process's rank under MPI: on failure the error is printed and the whole job is
+/// aborted (non-zero exit everywhere), so no rank is left waiting.
+#[cfg(feature = "mpi")]
+pub fn run_mpi_rank<T>(timeout: Duration, f: impl FnOnce(crate::comm::MpiComm) -> Result<T>) -> Result<T> {
+    let world = crate::comm::MpiWorld::init(timeout)?;
+    let comm = world.communicator();
+    let rank = crate::comm::Communicator::rank(&comm);
+    match catch_unwind(AssertUnwindSafe(|| f(comm))) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => {
+            eprintln!("error: rank {rank}: {e:#}");
+            world.abort(1)
+        }
+        Err(p) => {
+            eprintln!("error: rank {rank} panicked: {}", panic_message(p.as_ref()));
+            world.abort(1)
+        }
+    }
+}
+
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     p.downcast_ref::<&str>()
         .map(|s| s.to_string())

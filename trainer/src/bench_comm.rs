@@ -83,28 +83,42 @@ fn bus_factor(op: &str, n: usize) -> f64 {
     }
 }
 
-/// Runs the sweep on `nproc` local ranks (threads), sizes 1 KiB × 4^k up to `max_bytes`.
+/// Every collective at sizes 1 KiB × 4^k up to `max_bytes`, on this rank of `c`.
+fn sweep(c: &dyn Communicator, max_bytes: usize, iters: usize) -> Result<Vec<Row>> {
+    let sizes: Vec<usize> = std::iter::successors(Some(1024usize), |s| Some(s * 4)).take_while(|&s| s <= max_bytes).collect();
+    let mut rows = Vec::new();
+    for op in OPS {
+        for &bytes in &sizes {
+            let secs = run_op(c, op, bytes / 4, iters)?;
+            let algbw = bytes as f64 / secs / 1e9;
+            rows.push(Row { op, bytes, seconds: secs, algbw_gbs: algbw, busbw_gbs: algbw * bus_factor(op, c.size()) });
+        }
+    }
+    Ok(rows)
+}
+
+/// Runs the sweep on `nproc` local ranks (threads); rank 0's timings.
 pub fn bench_comm(nproc: usize, max_bytes: usize, iters: usize, timeout: Duration) -> Result<Vec<Row>> {
     if nproc < 2 {
         bail!("--nproc {nproc}: a communication benchmark needs at least 2 ranks");
     }
-    let sizes: Vec<usize> = std::iter::successors(Some(1024usize), |s| Some(s * 4)).take_while(|&s| s <= max_bytes).collect();
-    let per_rank = run_ranks(nproc, timeout, |c| {
-        let mut rows = Vec::new();
-        for op in OPS {
-            for &bytes in &sizes {
-                let secs = run_op(&c, op, bytes / 4, iters)?;
-                let algbw = bytes as f64 / secs / 1e9;
-                rows.push(Row { op, bytes, seconds: secs, algbw_gbs: algbw, busbw_gbs: algbw * bus_factor(op, nproc) });
-            }
-        }
-        Ok(rows)
-    })?;
+    let per_rank = run_ranks(nproc, timeout, |c| sweep(&c, max_bytes, iters))?;
     Ok(per_rank.into_iter().next().unwrap_or_default())
 }
 
-pub fn print_table(rows: &[Row], nproc: usize) {
-    println!("local backend, {nproc} ranks (threads), f32, every result checked");
+/// Runs the sweep with this process as one MPI rank; returns `(rank, world size, rows)`.
+#[cfg(feature = "mpi")]
+pub fn bench_comm_mpi(max_bytes: usize, iters: usize, timeout: Duration) -> Result<(usize, usize, Vec<Row>)> {
+    titan_parallel::launcher::run_mpi_rank(timeout, |c| {
+        if c.size() < 2 {
+            bail!("a communication benchmark needs at least 2 ranks: mpirun -np 2 …");
+        }
+        Ok((c.rank(), c.size(), sweep(&c, max_bytes, iters)?))
+    })
+}
+
+pub fn print_table(rows: &[Row], nproc: usize, backend: &str) {
+    println!("{backend} backend, {nproc} ranks, f32, every result checked");
     println!("| collective | size | time | algbw GB/s | busbw GB/s |");
     println!("|---|---|---|---|---|");
     for r in rows {

@@ -153,8 +153,21 @@ fn run(cli: Cli) -> Result<()> {
             println!("{}", generate::generate(&checkpoint, &o)?);
         }
         Command::Bench { kind: BenchKind::Comm { nproc, max_mib, iters, timeout_seconds } } => {
-            let rows = bench_comm::bench_comm(nproc, max_mib << 20, iters.max(1), std::time::Duration::from_secs_f64(timeout_seconds))?;
-            bench_comm::print_table(&rows, nproc);
+            let timeout = std::time::Duration::from_secs_f64(timeout_seconds);
+            if titan_parallel::under_mpi_launcher() {
+                #[cfg(feature = "mpi")]
+                {
+                    let (rank, size, rows) = bench_comm::bench_comm_mpi(max_mib << 20, iters.max(1), timeout)?;
+                    if rank == 0 {
+                        bench_comm::print_table(&rows, size, "mpi (one rank per process)");
+                    }
+                    return Ok(());
+                }
+                #[cfg(not(feature = "mpi"))]
+                anyhow::bail!("started by an MPI launcher, but this titan-rs was built without MPI; rebuild with `cargo build --release -p titan-rs --features mpi` (needs Debian's openmpi-bin libopenmpi-dev libclang-dev)");
+            }
+            let rows = bench_comm::bench_comm(nproc, max_mib << 20, iters.max(1), timeout)?;
+            bench_comm::print_table(&rows, nproc, "local (threads)");
         }
         Command::Bench { kind: BenchKind::Train { mut warmup, mut steps, config } } => {
             let (cfg, flags) = config.load_with_flags(&["warmup", "steps"])?;

@@ -6,7 +6,8 @@
 //! every run). Calls that differ (kind, dtype, size, op, root) are an error naming both; waits
 //! time out with a per-rank history of the last collectives; a failed rank aborts the world.
 
-use super::{reduce, CallInfo, CommError, CommResult, Communicator, DType, ReduceOp};
+use super::exchange::{self, Exchange};
+use super::{CallInfo, CommError, CommResult, Communicator, DType, ReduceOp};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -168,6 +169,20 @@ impl LocalComm {
         self.group.ranks[r]
     }
 
+    fn check_peer(&self, peer: usize, what: &str) -> CommResult<usize> {
+        exchange::check_peer(self.rank, self.size(), peer, what).map(|p| self.global(p))
+    }
+}
+
+impl Exchange for LocalComm {
+    fn group_rank(&self) -> usize {
+        self.rank
+    }
+
+    fn group_size(&self) -> usize {
+        self.group.ranks.len()
+    }
+
     /// Deposits this rank's contribution and returns everyone's, in rank order.
     fn exchange(&self, info: CallInfo, data: Vec<u8>) -> CommResult<Arc<Vec<Vec<u8>>>> {
         self.world.check_abort()?;
@@ -235,20 +250,6 @@ impl LocalComm {
             slots = self.group.cv.wait_timeout(slots, TICK).unwrap_or_else(|p| p.into_inner()).0;
         }
     }
-
-    fn info(kind: &'static str, dtype: DType, bytes: usize, op: Option<ReduceOp>, root: Option<usize>) -> CommResult<CallInfo> {
-        if bytes % dtype.size() != 0 {
-            return Err(CommError::Invalid(format!("{kind}: {bytes} bytes is not a whole number of {dtype:?} elements")));
-        }
-        Ok(CallInfo { kind, dtype, count: bytes / dtype.size(), op, root })
-    }
-
-    fn check_peer(&self, peer: usize, what: &str) -> CommResult<usize> {
-        if peer >= self.size() || peer == self.rank {
-            return Err(CommError::Invalid(format!("{what} rank {peer} in a group of {} (this is rank {})", self.size(), self.rank)));
-        }
-        Ok(self.global(peer))
-    }
 }
 
 impl Communicator for LocalComm {
@@ -265,49 +266,25 @@ impl Communicator for LocalComm {
     }
 
     fn all_reduce_bytes(&self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
-        let info = Self::info("all_reduce", dtype, buf.len(), Some(op), None)?;
-        let all = self.exchange(info, buf.to_vec())?;
-        let parts: Vec<&[u8]> = all.iter().map(|p| p.as_slice()).collect();
-        reduce(&parts, buf, dtype, op)
+        exchange::all_reduce(self, buf, dtype, op)
     }
 
     fn all_gather_bytes(&self, send: &[u8], recv: &mut [u8], dtype: DType) -> CommResult<()> {
-        if recv.len() != send.len() * self.size() {
-            return Err(CommError::Invalid(format!("all_gather: recv holds {} bytes, needs {} × {}", recv.len(), self.size(), send.len())));
-        }
-        let all = self.exchange(Self::info("all_gather", dtype, send.len(), None, None)?, send.to_vec())?;
-        for (chunk, part) in recv.chunks_mut(send.len().max(1)).zip(all.iter()) {
-            chunk.copy_from_slice(part);
-        }
-        Ok(())
+        exchange::all_gather(self, send, recv, dtype)
     }
 
     fn reduce_scatter_bytes(&self, send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
-        if send.len() != recv.len() * self.size() {
-            return Err(CommError::Invalid(format!("reduce_scatter: send holds {} bytes, needs {} × {}", send.len(), self.size(), recv.len())));
-        }
-        let all = self.exchange(Self::info("reduce_scatter", dtype, send.len(), Some(op), None)?, send.to_vec())?;
-        let c = recv.len();
-        let parts: Vec<&[u8]> = all.iter().map(|p| &p[self.rank * c..(self.rank + 1) * c]).collect();
-        reduce(&parts, recv, dtype, op)
+        exchange::reduce_scatter(self, send, recv, dtype, op)
     }
 
     fn broadcast_bytes(&self, buf: &mut [u8], dtype: DType, root: usize) -> CommResult<()> {
-        if root >= self.size() {
-            return Err(CommError::Invalid(format!("broadcast from rank {root} in a group of {}", self.size())));
-        }
-        let mine = if self.rank == root { buf.to_vec() } else { Vec::new() };
-        let all = self.exchange(Self::info("broadcast", dtype, buf.len(), None, Some(root))?, mine)?;
-        if self.rank != root {
-            buf.copy_from_slice(&all[root]);
-        }
-        Ok(())
+        exchange::broadcast(self, buf, dtype, root)
     }
 
     fn send_bytes(&self, buf: &[u8], dtype: DType, dst: usize, tag: u32) -> CommResult<()> {
         self.world.check_abort()?;
         let to = self.check_peer(dst, "send to")?;
-        let info = Self::info("send", dtype, buf.len(), None, None)?;
+        let info = exchange::info("send", dtype, buf.len(), None, None)?;
         lock(&self.world.mail).entry((self.global(self.rank), to, tag)).or_default().push_back((info, buf.to_vec()));
         self.world.mail_cv.notify_all();
         Ok(())
@@ -315,7 +292,7 @@ impl Communicator for LocalComm {
 
     fn recv_bytes(&self, buf: &mut [u8], dtype: DType, src: usize, tag: u32) -> CommResult<()> {
         let from = self.check_peer(src, "recv from")?;
-        let want = Self::info("send", dtype, buf.len(), None, None)?;
+        let want = exchange::info("send", dtype, buf.len(), None, None)?;
         let me = self.global(self.rank);
         let start = Instant::now();
         let mut mail = lock(&self.world.mail);
@@ -340,7 +317,7 @@ impl Communicator for LocalComm {
     }
 
     fn barrier(&self) -> CommResult<()> {
-        self.exchange(Self::info("barrier", DType::U8, 0, None, None)?, Vec::new()).map(|_| ())
+        exchange::barrier(self)
     }
 
     fn sub_group(&self, global_ranks: &[usize]) -> CommResult<Box<dyn Communicator>> {

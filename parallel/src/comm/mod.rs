@@ -4,10 +4,15 @@
 //! typed calls (`all_reduce(&mut [f32], ReduceOp::Sum)`, …). A device-buffer backend (NCCL)
 //! would implement the same trait.
 
+mod exchange;
 mod local;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod reduce;
 
 pub use local::{LocalComm, LocalWorld};
+#[cfg(feature = "mpi")]
+pub use mpi::{MpiComm, MpiWorld};
 pub use reduce::reduce;
 
 use std::fmt;
