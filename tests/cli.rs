@@ -74,3 +74,15 @@ fn bench_comm_checks_every_collective_on_four_ranks() {
     let o = titan(&["bench", "comm", "--nproc", "1"]);
     assert_clean_error(&o, &["--nproc 1", "at least 2 ranks"]);
 }
+
+#[test]
+fn injected_faults_end_the_threads_run_with_the_first_error() {
+    let o = titan(&["bench", "comm", "--nproc", "3", "--inject-fault", "mismatch"]);
+    assert_clean_error(&o, &["collective mismatch", "all_gather(F32 × 4)", "all_reduce(F32 × 4, Sum)"]);
+    let o = titan(&["bench", "comm", "--nproc", "3", "--inject-fault", "fail"]);
+    assert_clean_error(&o, &["rank 1: injected failure"]);
+    let t = std::time::Instant::now();
+    let o = titan(&["bench", "comm", "--nproc", "2", "--inject-fault", "hang", "--timeout-seconds", "1"]);
+    let err = assert_clean_error(&o, &["timed out", "rank 0 waited 1.0s in barrier", "rank 1: no collectives"]);
+    assert!(t.elapsed().as_secs() < 30, "{err}");
+}

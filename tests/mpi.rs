@@ -25,3 +25,24 @@ fn bench_comm_under_mpirun_checks_every_collective() {
         }
     }
 }
+
+fn assert_fails_fast(o: &std::process::Output, started: std::time::Instant, needle: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "expected a failure:\n{err}");
+    assert!(err.contains(needle), "stderr lacks {needle:?}:\n{err}");
+    assert!(started.elapsed().as_secs() < 60, "took {:?}", started.elapsed());
+}
+
+#[test]
+fn mpi_mismatch_failure_and_hang_end_every_process_with_the_error() {
+    let t = std::time::Instant::now();
+    let o = mpirun(2, &["bench", "comm", "--inject-fault", "mismatch"]);
+    assert_fails_fast(&o, t, "all_gather(F32 × 4)");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("collective mismatch"));
+    let t = std::time::Instant::now();
+    let o = mpirun(2, &["bench", "comm", "--inject-fault", "fail"]);
+    assert_fails_fast(&o, t, "rank 1: injected failure");
+    let t = std::time::Instant::now();
+    let o = mpirun(2, &["bench", "comm", "--inject-fault", "hang", "--timeout-seconds", "2"]);
+    assert_fails_fast(&o, t, "collective timed out: rank 0 waited 2.0s in barrier");
+}

@@ -47,7 +47,52 @@ where
     T: Send,
     F: Fn(LocalComm) -> Result<T> + Sync,
 {
+    run_ranks_with(world_size, timeout, None, f)
+}
+
+/// [`run_ranks`] for a whole program: once a rank has failed, ranks that have not stopped within
+/// `grace` (stuck in computation, where no collective can notice the abort) end the process
+/// with the first error and exit code 1, so nothing is left hanging.
+pub fn run_ranks_or_exit<T, F>(world_size: usize, timeout: Duration, grace: Duration, f: F) -> Result<Vec<T>>
+where
+    T: Send,
+    F: Fn(LocalComm) -> Result<T> + Sync,
+{
+    run_ranks_with(world_size, timeout, Some(grace), f)
+}
+
+fn watchdog(world: std::sync::Arc<LocalWorld>, done: std::sync::Arc<std::sync::atomic::AtomicBool>, grace: Duration) {
+    use std::sync::atomic::Ordering;
+    std::thread::spawn(move || {
+        while !done.load(Ordering::SeqCst) {
+            if let Some(e) = world.first_error() {
+                let since = std::time::Instant::now();
+                while since.elapsed() < grace {
+                    if done.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                eprintln!("error: {e}
+(other ranks did not stop within {:.0}s of the failure; exiting)", grace.as_secs_f64());
+                std::process::exit(1);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+}
+
+fn run_ranks_with<T, F>(world_size: usize, timeout: Duration, grace: Option<Duration>, f: F) -> Result<Vec<T>>
+where
+    T: Send,
+    F: Fn(LocalComm) -> Result<T> + Sync,
+{
     let world = LocalWorld::new(world_size, timeout);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if let Some(grace) = grace {
+        watchdog(world.clone(), done.clone(), grace);
+    }
+    let _finished = Finished(done);
     let results: Vec<Option<T>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..world_size)
             .map(|rank| {
@@ -74,4 +119,13 @@ where
         return Err(anyhow!(e));
     }
     results.into_iter().map(|r| r.ok_or_else(|| anyhow!("a rank stopped without a result"))).collect()
+}
+
+/// Tells the watchdog the ranks have all stopped (also when unwinding).
+struct Finished(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
 }

@@ -16,5 +16,5 @@ pub mod mesh;
 pub mod registry;
 
 pub use comm::{CommError, CommExt, Communicator, DType, ReduceOp};
-pub use launcher::{run_ranks, under_mpi_launcher};
+pub use launcher::{run_ranks, run_ranks_or_exit, under_mpi_launcher};
 pub use mesh::{Axis, Mesh, ParallelDims};

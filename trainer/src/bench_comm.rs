@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Result};
 use std::time::{Duration, Instant};
-use titan_parallel::{run_ranks, CommExt, Communicator, ReduceOp};
+use titan_parallel::{run_ranks_or_exit, CommExt, Communicator, ReduceOp};
 
 #[derive(Debug, Clone)]
 pub struct Row {
@@ -83,8 +83,36 @@ fn bus_factor(op: &str, n: usize) -> f64 {
     }
 }
 
+/// A fault to inject on rank 1 before the sweep, to test how failures end a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fault {
+    /// Rank 1 calls all-gather where the others call all-reduce.
+    Mismatch,
+    /// Rank 1 fails with an error.
+    Fail,
+    /// Rank 1 sleeps instead of joining a barrier.
+    Hang,
+}
+
+fn inject(c: &dyn Communicator, fault: Option<Fault>) -> Result<()> {
+    let Some(fault) = fault else { return Ok(()) };
+    let odd = c.rank() == 1;
+    match fault {
+        Fault::Mismatch if odd => {
+            let mut out = vec![0f32; 4 * c.size()];
+            c.all_gather(&[1f32; 4], &mut out)?;
+        }
+        Fault::Mismatch => c.all_reduce(&mut [1f32; 4], ReduceOp::Sum)?,
+        Fault::Fail if odd => bail!("injected failure"),
+        Fault::Hang if odd => std::thread::sleep(Duration::from_secs(3600)),
+        Fault::Fail | Fault::Hang => c.barrier()?,
+    }
+    Ok(())
+}
+
 /// Every collective at sizes 1 KiB × 4^k up to `max_bytes`, on this rank of `c`.
-fn sweep(c: &dyn Communicator, max_bytes: usize, iters: usize) -> Result<Vec<Row>> {
+fn sweep(c: &dyn Communicator, max_bytes: usize, iters: usize, fault: Option<Fault>) -> Result<Vec<Row>> {
+    inject(c, fault)?;
     let sizes: Vec<usize> = std::iter::successors(Some(1024usize), |s| Some(s * 4)).take_while(|&s| s <= max_bytes).collect();
     let mut rows = Vec::new();
     for op in OPS {
@@ -98,22 +126,22 @@ fn sweep(c: &dyn Communicator, max_bytes: usize, iters: usize) -> Result<Vec<Row
 }
 
 /// Runs the sweep on `nproc` local ranks (threads); rank 0's timings.
-pub fn bench_comm(nproc: usize, max_bytes: usize, iters: usize, timeout: Duration) -> Result<Vec<Row>> {
+pub fn bench_comm(nproc: usize, max_bytes: usize, iters: usize, timeout: Duration, fault: Option<Fault>) -> Result<Vec<Row>> {
     if nproc < 2 {
         bail!("--nproc {nproc}: a communication benchmark needs at least 2 ranks");
     }
-    let per_rank = run_ranks(nproc, timeout, |c| sweep(&c, max_bytes, iters))?;
+    let per_rank = run_ranks_or_exit(nproc, timeout, Duration::from_secs(5), |c| sweep(&c, max_bytes, iters, fault))?;
     Ok(per_rank.into_iter().next().unwrap_or_default())
 }
 
 /// Runs the sweep with this process as one MPI rank; returns `(rank, world size, rows)`.
 #[cfg(feature = "mpi")]
-pub fn bench_comm_mpi(max_bytes: usize, iters: usize, timeout: Duration) -> Result<(usize, usize, Vec<Row>)> {
+pub fn bench_comm_mpi(max_bytes: usize, iters: usize, timeout: Duration, fault: Option<Fault>) -> Result<(usize, usize, Vec<Row>)> {
     titan_parallel::launcher::run_mpi_rank(timeout, |c| {
         if c.size() < 2 {
             bail!("a communication benchmark needs at least 2 ranks: mpirun -np 2 …");
         }
-        Ok((c.rank(), c.size(), sweep(&c, max_bytes, iters)?))
+        Ok((c.rank(), c.size(), sweep(&c, max_bytes, iters, fault)?))
     })
 }
 

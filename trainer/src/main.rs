@@ -104,6 +104,9 @@ enum BenchKind {
         iters: usize,
         #[arg(long, default_value_t = 120.0)]
         timeout_seconds: f64,
+        /// Inject a fault on rank 1 first (tests that failures end every rank promptly).
+        #[arg(long, value_enum, hide = true)]
+        inject_fault: Option<bench_comm::Fault>,
     },
 }
 
@@ -152,12 +155,12 @@ fn run(cli: Cli) -> Result<()> {
             let o = generate::GenerateOptions { prompt, max_new_tokens, temperature, top_k, seed, context };
             println!("{}", generate::generate(&checkpoint, &o)?);
         }
-        Command::Bench { kind: BenchKind::Comm { nproc, max_mib, iters, timeout_seconds } } => {
+        Command::Bench { kind: BenchKind::Comm { nproc, max_mib, iters, timeout_seconds, inject_fault } } => {
             let timeout = std::time::Duration::from_secs_f64(timeout_seconds);
             if titan_parallel::under_mpi_launcher() {
                 #[cfg(feature = "mpi")]
                 {
-                    let (rank, size, rows) = bench_comm::bench_comm_mpi(max_mib << 20, iters.max(1), timeout)?;
+                    let (rank, size, rows) = bench_comm::bench_comm_mpi(max_mib << 20, iters.max(1), timeout, inject_fault)?;
                     if rank == 0 {
                         bench_comm::print_table(&rows, size, "mpi (one rank per process)");
                     }
@@ -166,7 +169,7 @@ fn run(cli: Cli) -> Result<()> {
                 #[cfg(not(feature = "mpi"))]
                 anyhow::bail!("started by an MPI launcher, but this titan-rs was built without MPI; rebuild with `cargo build --release -p titan-rs --features mpi` (needs Debian's openmpi-bin libopenmpi-dev libclang-dev)");
             }
-            let rows = bench_comm::bench_comm(nproc, max_mib << 20, iters.max(1), timeout)?;
+            let rows = bench_comm::bench_comm(nproc, max_mib << 20, iters.max(1), timeout, inject_fault)?;
             bench_comm::print_table(&rows, nproc, "local (threads)");
         }
         Command::Bench { kind: BenchKind::Train { mut warmup, mut steps, config } } => {

@@ -112,3 +112,13 @@ fn shipped_configs_load() {
         load_config(Some(&p), &[]).unwrap_or_else(|e| panic!("{f}: {e:#}"));
     }
 }
+
+#[test]
+fn mesh_degrees_are_checked_against_the_model() {
+    let e = err("[parallelism]\ntensor_parallel_degree = 3\n", &[]);
+    assert!(e.contains("tensor_parallel_degree` = 3 does not divide the model's n_heads (16)") && e.contains("[1, 2, 4, 8, 16]"), "{e}");
+    let e = err("[parallelism]\npipeline_parallel_degree = 7\n", &[]);
+    assert!(e.contains("exceeds the model's 6 layers"), "{e}");
+    let e = err("[parallelism]\ndata_parallel_replicate_degree = 0\n", &[]);
+    assert!(e.contains("data_parallel_replicate_degree` = 0 must be >= 1"), "{e}");
+}

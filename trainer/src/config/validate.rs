@@ -3,6 +3,7 @@
 use super::schema::JobConfig;
 use anyhow::{bail, Result};
 use titan_models::{ModelArgs, FLAVORS};
+use titan_parallel::ParallelDims;
 
 fn one_of(errors: &mut Vec<String>, key: &str, value: &str, allowed: &[&str]) {
     if !allowed.contains(&value) {
@@ -124,6 +125,29 @@ pub fn validate(c: &JobConfig) -> Result<()> {
     if let Some(args) = ModelArgs::flavor(&c.model.flavor) {
         if let Err(msg) = args.validate() {
             e.push(format!("`model.flavor` = {:?}: {msg}", c.model.flavor));
+        }
+        // The mesh rules and the model's divisibility, checked before anything starts.
+        let shard = if p.data_parallel_shard_degree > 0 { p.data_parallel_shard_degree } else { 1 };
+        let world = [p.data_parallel_replicate_degree, shard, p.context_parallel_degree, p.tensor_parallel_degree, p.pipeline_parallel_degree]
+            .iter()
+            .map(|&d| d.max(1) as usize)
+            .product();
+        let dims = ParallelDims::new(
+            p.data_parallel_replicate_degree,
+            p.data_parallel_shard_degree,
+            p.context_parallel_degree,
+            p.tensor_parallel_degree,
+            p.pipeline_parallel_degree,
+            p.expert_parallel_degree,
+            world,
+        );
+        match dims {
+            Ok(d) => {
+                if let Err(msg) = d.validate_model(args.n_heads, args.n_kv_heads, args.ffn_hidden_dim(), args.vocab_size, args.n_layers) {
+                    e.push(msg);
+                }
+            }
+            Err(msg) => e.push(msg),
         }
     }
     if !e.is_empty() {
