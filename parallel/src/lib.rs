@@ -7,10 +7,12 @@
 //!   reproducible; mismatched calls and timeouts are errors, never hangs or mixed data).
 //! * [`autograd`]: differentiable collectives on Burn tensors (Megatron's f and g, gather/split,
 //!   reduce-scatter, the FSDP parameter all-gather) as custom autodiff ops.
+//! * [`ddp`]: data parallelism — bucketed gradient all-reduce over the dp group.
 //! * [`launcher`]: runs one closure per rank on threads; the first failure stops every rank.
 
 pub mod autograd;
 pub mod comm;
+pub mod ddp;
 pub mod launcher;
 pub mod mesh;
 pub mod registry;

@@ -2,7 +2,7 @@
 
 use crate::config::JobConfig;
 use crate::metrics::measure_matmul_tflops;
-use crate::trainer::Trainer;
+use crate::trainer::{RankContext, Trainer};
 use anyhow::Result;
 
 /// PyTorch 2.15 + HF transformers Llama (sdpa), debugmodel, 8×256, AdamW, fp32, 2 threads,
@@ -20,7 +20,7 @@ pub fn bench(mut cfg: JobConfig, warmup: usize, steps: usize) -> Result<BenchRes
     cfg.checkpoint.enable = false;
     cfg.validation.enable = false;
     cfg.training.steps = cfg.training.steps.max((warmup + steps) as i64);
-    let mut t = Trainer::new(cfg)?;
+    let mut t = Trainer::new(cfg, RankContext::single())?;
     for _ in 0..warmup {
         t.train_step()?;
     }

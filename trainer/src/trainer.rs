@@ -18,6 +18,8 @@ use titan_checkpoints::{load_tensors, save_tensors, CheckpointFolder, Checkpoint
 use titan_data::{tokenize_corpus, Batch, DataLoader, LoaderConfig, LoaderState, Tokenizer, ValidationBatches};
 use titan_models::loss::cross_entropy_sum;
 use titan_models::{ModelArgs, Transformer};
+use titan_parallel::ddp::{all_reduce_gradients, BUCKET_BYTES};
+use titan_parallel::{CommExt, Communicator, ReduceOp};
 
 /// What one optimizer step did.
 #[derive(Debug, Clone, Serialize)]
@@ -42,8 +44,23 @@ struct TrainState {
     flavor: String,
 }
 
+/// This rank's place in data parallelism.
+pub struct RankContext {
+    pub dp_rank: usize,
+    pub dp_degree: usize,
+    /// The data-parallel group (`None` on a single rank).
+    pub dp: Option<Box<dyn Communicator>>,
+}
+
+impl RankContext {
+    pub fn single() -> Self {
+        Self { dp_rank: 0, dp_degree: 1, dp: None }
+    }
+}
+
 pub struct Trainer {
     pub cfg: JobConfig,
+    pub rank: RankContext,
     pub args: ModelArgs,
     pub device: Device,
     pub model: Transformer,
@@ -69,7 +86,7 @@ pub fn to_tensor_2d(v: &[i64], b: usize, t: usize, device: &Device) -> Tensor<2,
 impl Trainer {
     /// Builds the model, data and optimizer; resumes from the latest checkpoint when
     /// checkpointing is on and one exists.
-    pub fn new(cfg: JobConfig) -> Result<Self> {
+    pub fn new(cfg: JobConfig, rank: RankContext) -> Result<Self> {
         let args = ModelArgs::flavor(&cfg.model.flavor).expect("validated flavor");
         let device = Device::flex().autodiff();
         let tokenizer = Tokenizer::from_file(&paths::tokenizer(&cfg.model))?;
@@ -87,10 +104,10 @@ impl Trainer {
             tokens,
             LoaderConfig {
                 seq_len,
-                global_batch_size: cfg.global_batch_size(1),
+                global_batch_size: cfg.global_batch_size(rank.dp_degree),
                 local_batch_size: cfg.training.local_batch_size as usize,
-                dp_rank: 0,
-                dp_degree: 1,
+                dp_rank: rank.dp_rank,
+                dp_degree: rank.dp_degree,
                 seed: cfg.training.seed as u64,
             },
         )?;
@@ -121,6 +138,7 @@ impl Trainer {
             val_batches,
             checkpoints,
             cfg,
+            rank,
         };
         if t.cfg.checkpoint.enable {
             t.maybe_resume()?;
@@ -128,8 +146,9 @@ impl Trainer {
         Ok(t)
     }
 
+    /// Tokens in one global batch (all data-parallel ranks).
     pub fn tokens_per_step(&self) -> usize {
-        self.cfg.global_batch_size(1) * self.cfg.training.seq_len as usize
+        self.cfg.global_batch_size(self.rank.dp_degree) * self.cfg.training.seq_len as usize
     }
 
     /// One optimizer step over the next global batch (accumulating microbatches).
@@ -138,7 +157,9 @@ impl Trainer {
         let step = self.step + 1;
         let lr = self.schedule.lr(step);
         let microbatches = self.loader.next_step();
-        let total_tokens: usize = microbatches.iter().map(Batch::num_tokens).sum();
+        let local_tokens: usize = microbatches.iter().map(Batch::num_tokens).sum();
+        // Every rank's batch has the same shape, so the global token count is known up front.
+        let total_tokens = local_tokens * self.rank.dp_degree;
         let inject = self.cfg.debug.inject_nonfinite_at_step == step as i64;
         let mut loss_sum = 0.0f64;
         let mut acc = GradientsParams::new();
@@ -152,6 +173,12 @@ impl Trainer {
             loss_sum += loss.clone().into_scalar::<f32>() as f64;
             let g = GradientsParams::from_grads(loss.backward(), &self.model);
             grads::accumulate(&self.model, &mut acc, g);
+        }
+        if let Some(dp) = &self.rank.dp {
+            all_reduce_gradients(&self.model, &mut acc, dp.as_ref(), BUCKET_BYTES)?;
+            let mut l = [loss_sum as f32];
+            dp.all_reduce(&mut l, ReduceOp::Sum)?;
+            loss_sum = l[0] as f64;
         }
         let grad_norm = grads::global_norm(&self.model, &acc);
         if !loss_sum.is_finite() || !grad_norm.is_finite() {
@@ -167,7 +194,7 @@ impl Trainer {
         let model = std::mem::replace(&mut self.model, placeholder);
         self.model = self.optim.step(model, acc, lr, scale);
         self.step = step;
-        Ok(StepStats { step, loss: loss_sum, grad_norm, lr, tokens: total_tokens, seconds: start.elapsed().as_secs_f64() })
+        Ok(StepStats { step, loss: loss_sum, grad_norm, lr, tokens: local_tokens, seconds: start.elapsed().as_secs_f64() })
     }
 
     pub fn validation_enabled(&self) -> bool {
@@ -188,8 +215,12 @@ impl Trainer {
         Ok((sum / n as f64, n))
     }
 
-    /// Writes `step-N/` atomically and prunes old checkpoints.
-    pub fn save_checkpoint(&self) -> Result<PathBuf> {
+    /// Writes `step-N/` atomically and prunes old checkpoints. Replicas hold identical state, so
+    /// only data-parallel rank 0 writes (`None` on the others).
+    pub fn save_checkpoint(&self) -> Result<Option<PathBuf>> {
+        if self.rank.dp_rank != 0 {
+            return Ok(None);
+        }
         let meta = HashMap::from([("step".to_string(), self.step.to_string()), ("format".to_string(), "pt".to_string())]);
         let model = save_tensors(&state::model_to_tensors(&self.model), meta.clone())?;
         let optim = save_tensors(&self.optim.state_dict(&self.model), meta)?;
@@ -207,7 +238,7 @@ impl Trainer {
         p.write("config.toml", to_toml(&self.cfg).as_bytes())?;
         let dir = p.commit()?;
         self.checkpoints.prune(self.cfg.checkpoint.keep_latest_k as usize)?;
-        Ok(dir)
+        Ok(Some(dir))
     }
 
     fn maybe_resume(&mut self) -> Result<()> {

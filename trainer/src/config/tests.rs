@@ -88,6 +88,9 @@ fn parallel_degrees_other_than_one_are_not_supported_yet() {
     assert!(e.contains("`parallelism.tensor_parallel_degree` = 2 is not supported yet") && e.contains("set it to 1"), "{e}");
     let e = err("", &[("parallelism.data_parallel_shard_degree", "4")]);
     assert!(e.contains("data_parallel_shard_degree` = 4 is not supported yet"), "{e}");
+    // DDP is supported; the global batch must split evenly over the replicas.
+    let e = err("[training]\nlocal_batch_size = 4\nglobal_batch_size = 12\n[parallelism]\ndata_parallel_replicate_degree = 2\n", &[]);
+    assert!(e.contains("multiple of local_batch_size × data_parallel_replicate_degree = 8"), "{e}");
 }
 
 #[test]

@@ -20,7 +20,7 @@ fn positive(errors: &mut Vec<String>, key: &str, value: i64) {
 fn not_yet(errors: &mut Vec<String>, key: &str, value: i64, ok: &[i64]) {
     if !ok.contains(&value) {
         errors.push(format!(
-            "`{key}` = {value} is not supported yet: this build trains on a single rank; set it to {}",
+            "`{key}` = {value} is not supported yet: this build trains with data parallelism (`parallelism.data_parallel_replicate_degree`) only; set it to {}",
             ok[0]
         ));
     }
@@ -66,6 +66,13 @@ pub fn validate(c: &JobConfig) -> Result<()> {
             t.global_batch_size, t.local_batch_size, t.local_batch_size * 2
         ));
     }
+    let per_step = t.local_batch_size.max(1) * c.parallelism.data_parallel_replicate_degree.max(1);
+    if t.global_batch_size != -1 && t.global_batch_size > 0 && t.global_batch_size % per_step != 0 {
+        e.push(format!(
+            "`training.global_batch_size` = {} must be a multiple of local_batch_size × data_parallel_replicate_degree = {per_step}",
+            t.global_batch_size
+        ));
+    }
     if t.seed < 0 {
         e.push(format!("`training.seed` = {} must be >= 0", t.seed));
     }
@@ -82,7 +89,6 @@ pub fn validate(c: &JobConfig) -> Result<()> {
         ));
     }
     let p = &c.parallelism;
-    not_yet(&mut e, "parallelism.data_parallel_replicate_degree", p.data_parallel_replicate_degree, &[1]);
     not_yet(&mut e, "parallelism.data_parallel_shard_degree", p.data_parallel_shard_degree, &[1, -1]);
     not_yet(&mut e, "parallelism.tensor_parallel_degree", p.tensor_parallel_degree, &[1]);
     not_yet(&mut e, "parallelism.pipeline_parallel_degree", p.pipeline_parallel_degree, &[1]);
