@@ -86,3 +86,9 @@ fn injected_faults_end_the_threads_run_with_the_first_error() {
     let err = assert_clean_error(&o, &["timed out", "rank 0 waited 1.0s in barrier", "rank 1: no collectives"]);
     assert!(t.elapsed().as_secs() < 30, "{err}");
 }
+
+#[test]
+fn log_rank_must_name_an_existing_rank() {
+    let o = titan(&["train", "--config", "configs/llama_debug.toml", "--parallelism.data_parallel_replicate_degree", "2", "--training.local_batch_size", "2", "--log-rank", "5"]);
+    assert_clean_error(&o, &["--log-rank 5: there are only 2 rank(s)"]);
+}

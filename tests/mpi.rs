@@ -46,3 +46,23 @@ fn mpi_mismatch_failure_and_hang_end_every_process_with_the_error() {
     let o = mpirun(2, &["bench", "comm", "--inject-fault", "hang", "--timeout-seconds", "2"]);
     assert_fails_fast(&o, t, "collective timed out: rank 0 waited 2.0s in barrier");
 }
+
+/// DDP as two MPI processes gives exactly the losses of the two-thread run: both backends use the
+/// same exchange and rank-order reduction.
+#[test]
+fn ddp_under_mpirun_equals_the_threads_run_bit_for_bit() {
+    let d = tempfile::tempdir().unwrap();
+    let (threads, procs) = (d.path().join("threads"), d.path().join("mpi"));
+    let dp = ["--parallelism.data_parallel_replicate_degree", "2", "--training.local_batch_size", "2"];
+    assert_ok(&run(&tiny_args(&threads, 5), &dp));
+    let args = tiny_args(&procs, 5);
+    let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
+    all.extend_from_slice(&dp);
+    let out = assert_ok(&mpirun(2, &all));
+    assert!(out.contains("on 2 data-parallel rank(s)"), "{out}");
+    assert_eq!(losses(&threads), losses(&procs));
+    assert_eq!(losses(&procs).len(), 5);
+    let o = mpirun(2, &["train", "--config", "configs/llama_debug.toml"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("mpirun started 2 processes but `parallelism.data_parallel_replicate_degree` = 1"));
+}

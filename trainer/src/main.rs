@@ -45,7 +45,7 @@ impl ConfigArgs {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Train a model.
+    /// Train a model (`--log-rank N` chooses the rank that logs; default 0).
     Train(ConfigArgs),
     /// Print the effective config (defaults < file < overrides) as TOML.
     Config(ConfigArgs),
@@ -137,9 +137,13 @@ fn set_threads(cfg: &JobConfig) -> Result<()> {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Train(a) => {
-            let cfg = a.load()?;
+            let (cfg, flags) = a.load_with_flags(&["log-rank"])?;
+            let log_rank = match flags.first() {
+                Some((_, v)) => v.parse().with_context(|| format!("--log-rank {v}: expected a rank number"))?,
+                None => 0,
+            };
             set_threads(&cfg)?;
-            let s = train::run(cfg)?;
+            let s = train::run(cfg, log_rank)?;
             if let Some(v) = s.final_val_loss {
                 println!("done at step {}: validation loss {v:.4}", s.last_step);
             } else if let Some(l) = s.final_loss {

@@ -5,7 +5,7 @@ use crate::metrics::{measure_matmul_tflops, MetricsLogger};
 use crate::trainer::{RankContext, Trainer};
 use std::time::Duration;
 use titan_parallel::{run_ranks_or_exit, Communicator};
-use anyhow::Result;
+use anyhow::{bail, Result};
 use std::path::PathBuf;
 
 /// What a finished run reports.
@@ -17,32 +17,63 @@ pub struct Summary {
 }
 
 /// Trains with the configured layout: one rank, or `data_parallel_replicate_degree` data-parallel
-/// ranks as threads of this process (rank 0 logs and checkpoints).
-pub fn run(cfg: JobConfig) -> Result<Summary> {
+/// ranks — threads of this process, or one per process under `mpirun`. Rank `log_rank` prints and
+/// writes metrics; rank 0 writes checkpoints.
+pub fn run(cfg: JobConfig, log_rank: usize) -> Result<Summary> {
     if cfg.job.print_config {
         println!("{}", to_toml(&cfg));
     }
     let world = cfg.parallelism.data_parallel_replicate_degree as usize;
+    if log_rank >= world {
+        bail!("--log-rank {log_rank}: there are only {world} rank(s)");
+    }
+    if titan_parallel::under_mpi_launcher() {
+        return run_mpi(cfg, log_rank);
+    }
     if world == 1 {
-        return run_rank(cfg, RankContext::single());
+        return run_rank(cfg, RankContext::single(), log_rank);
     }
     let timeout = Duration::from_secs_f64(cfg.comm.timeout_seconds);
     let summaries = run_ranks_or_exit(world, timeout, Duration::from_secs(10), |comm| {
         let ctx = RankContext { dp_rank: comm.rank(), dp_degree: world, dp: Some(Box::new(comm)) };
-        run_rank(cfg.clone(), ctx)
+        run_rank(cfg.clone(), ctx, log_rank)
     })?;
-    Ok(summaries.into_iter().next().expect("rank 0"))
+    Ok(summaries.into_iter().nth(log_rank).expect("the logging rank"))
 }
 
-fn run_rank(cfg: JobConfig, rank: RankContext) -> Result<Summary> {
+/// One rank per MPI process; the MPI world must be the data-parallel degree.
+#[cfg(feature = "mpi")]
+fn run_mpi(cfg: JobConfig, log_rank: usize) -> Result<Summary> {
+    let timeout = Duration::from_secs_f64(cfg.comm.timeout_seconds);
+    titan_parallel::launcher::run_mpi_rank(timeout, |comm| {
+        let (world, want) = (comm.size(), cfg.parallelism.data_parallel_replicate_degree as usize);
+        if world != want {
+            bail!("mpirun started {world} processes but `parallelism.data_parallel_replicate_degree` = {want}; set it to {world} or run mpirun -np {want}");
+        }
+        let rank = comm.rank();
+        let dp: Option<Box<dyn Communicator>> = if world > 1 { Some(Box::new(comm)) } else { None };
+        run_rank(cfg, RankContext { dp_rank: rank, dp_degree: world, dp }, log_rank)
+    })
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(_cfg: JobConfig, _log_rank: usize) -> Result<Summary> {
+    bail!("started by an MPI launcher, but this titan-rs was built without MPI; rebuild with `cargo build --release -p titan-rs --features mpi` (needs Debian's openmpi-bin libopenmpi-dev libclang-dev)")
+}
+
+fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summary> {
     let dump = PathBuf::from(&cfg.job.dump_folder);
     let steps = cfg.training.steps as u64;
-    let logs = rank.dp_rank == 0;
+    let logs = rank.dp_rank == log_rank;
     let mut t = Trainer::new(cfg, rank)?;
     let cfg = t.cfg.clone();
     if !logs {
+        // Silent rank: same steps; rank 0 still writes the checkpoints.
         while t.step < steps {
             t.train_step()?;
+            if cfg.checkpoint.enable && (t.step % cfg.checkpoint.interval as u64 == 0 || t.step == steps) {
+                t.save_checkpoint()?;
+            }
             if cfg.debug.stop_at_step == t.step as i64 {
                 break;
             }
