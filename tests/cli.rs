@@ -5,7 +5,14 @@ use common::*;
 
 #[test]
 fn config_prints_the_effective_config() {
-    let out = assert_ok(&titan(&["config", "--config", "configs/llama_debug.toml", "--training.steps=7", "--checkpoint.enable", "false"]));
+    let out = assert_ok(&titan(&[
+        "config",
+        "--config",
+        "configs/llama_debug.toml",
+        "--training.steps=7",
+        "--checkpoint.enable",
+        "false",
+    ]));
     let v: toml::Table = out.parse().unwrap();
     assert_eq!(v["training"]["steps"].as_integer(), Some(7));
     assert_eq!(v["checkpoint"]["enable"].as_bool(), Some(false));
@@ -19,7 +26,10 @@ fn unknown_key_in_file_exits_nonzero_with_file_line_and_hint() {
     let p = d.path().join("bad.toml");
     std::fs::write(&p, "[training]\nsteps = 3\nlocal_batchsize = 2\n").unwrap();
     let o = titan(&["train", "--config", p.to_str().unwrap()]);
-    assert_clean_error(&o, &["unknown config key `training.local_batchsize`", "bad.toml:3", "training.local_batch_size"]);
+    assert_clean_error(
+        &o,
+        &["unknown config key `training.local_batchsize`", "bad.toml:3", "training.local_batch_size"],
+    );
 }
 
 #[test]
@@ -46,7 +56,16 @@ fn missing_dataset_and_tokenizer_are_clear_errors() {
 fn tokenizer_train_command_writes_a_working_tokenizer() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("tok.json");
-    assert_ok(&titan(&["tokenizer", "train", "--input", "assets/shakespeare/valid.txt", "--vocab-size", "512", "--out", out.to_str().unwrap()]));
+    assert_ok(&titan(&[
+        "tokenizer",
+        "train",
+        "--input",
+        "assets/shakespeare/valid.txt",
+        "--vocab-size",
+        "512",
+        "--out",
+        out.to_str().unwrap(),
+    ]));
     let tok = titan_data::Tokenizer::from_file(&out).unwrap();
     assert_eq!(tok.vocab_size(), 512);
     let s = "HAMLET:\nTo be, or not to be, that is the question.";
@@ -68,7 +87,11 @@ fn shipped_tokenizer_round_trips_the_corpus() {
 fn bench_comm_checks_every_collective_on_four_ranks() {
     let out = assert_ok(&titan(&["bench", "comm", "--nproc", "4", "--max-mib", "1", "--iters", "1"]));
     for op in ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"] {
-        assert_eq!(out.lines().filter(|l| l.starts_with(&format!("| {op} |"))).count(), 6, "{op} rows (1 KiB..1 MiB):\n{out}");
+        assert_eq!(
+            out.lines().filter(|l| l.starts_with(&format!("| {op} |"))).count(),
+            6,
+            "{op} rows (1 KiB..1 MiB):\n{out}"
+        );
     }
     assert!(out.contains("every result checked"));
     let o = titan(&["bench", "comm", "--nproc", "1"]);
@@ -89,6 +112,16 @@ fn injected_faults_end_the_threads_run_with_the_first_error() {
 
 #[test]
 fn log_rank_must_name_an_existing_rank() {
-    let o = titan(&["train", "--config", "configs/llama_debug.toml", "--parallelism.data_parallel_replicate_degree", "2", "--training.local_batch_size", "2", "--log-rank", "5"]);
+    let o = titan(&[
+        "train",
+        "--config",
+        "configs/llama_debug.toml",
+        "--parallelism.data_parallel_replicate_degree",
+        "2",
+        "--training.local_batch_size",
+        "2",
+        "--log-rank",
+        "5",
+    ]);
     assert_clean_error(&o, &["--log-rank 5: there are only 2 rank(s)"]);
 }

@@ -44,23 +44,36 @@ pub fn tiny_args(dump: &Path, steps: u32) -> Vec<String> {
     let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("token-cache");
     [
         "train",
-        "--config", "configs/llama_debug.toml",
-        "--model.flavor", "tiny",
-        "--training.seq_len", "32",
-        "--training.local_batch_size", "4",
-        "--lr_scheduler.warmup_steps", "3",
-        "--optimizer.lr", "3e-3",
-        "--metrics.log_freq", "1",
-        "--validation.enable", "false",
-        "--checkpoint.enable", "false",
-        "--metrics.save_loss_curve", "false",
+        "--config",
+        "configs/llama_debug.toml",
+        "--model.flavor",
+        "tiny",
+        "--training.seq_len",
+        "32",
+        "--training.local_batch_size",
+        "4",
+        "--lr_scheduler.warmup_steps",
+        "3",
+        "--optimizer.lr",
+        "3e-3",
+        "--metrics.log_freq",
+        "1",
+        "--validation.enable",
+        "false",
+        "--checkpoint.enable",
+        "false",
+        "--metrics.save_loss_curve",
+        "false",
     ]
     .iter()
     .map(|s| s.to_string())
     .chain([
-        "--training.steps".into(), steps.to_string(),
-        "--job.dump_folder".into(), dump.display().to_string(),
-        "--training.cache_dir".into(), cache.display().to_string(),
+        "--training.steps".into(),
+        steps.to_string(),
+        "--job.dump_folder".into(),
+        dump.display().to_string(),
+        "--training.cache_dir".into(),
+        cache.display().to_string(),
     ])
     .collect()
 }

@@ -64,5 +64,6 @@ fn ddp_under_mpirun_equals_the_threads_run_bit_for_bit() {
     assert_eq!(losses(&procs).len(), 5);
     let o = mpirun(2, &["train", "--config", "configs/llama_debug.toml"]);
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("mpirun started 2 processes but `parallelism.data_parallel_replicate_degree` = 1"));
+    assert!(String::from_utf8_lossy(&o.stderr)
+        .contains("mpirun started 2 processes but `parallelism.data_parallel_replicate_degree` = 1"));
 }

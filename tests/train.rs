@@ -35,7 +35,10 @@ fn resume_equals_the_uninterrupted_run_bit_for_bit() {
     assert!(out.contains("training steps 7..=12"), "{out}");
     assert_eq!(losses(&straight), losses(&resumed));
     // keep_latest_k = 2 (from the config): steps 9 and 12 remain.
-    let ckpts: Vec<String> = std::fs::read_dir(resumed.join("checkpoint")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let ckpts: Vec<String> = std::fs::read_dir(resumed.join("checkpoint"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
     let mut ckpts = ckpts;
     ckpts.sort();
     assert_eq!(ckpts, vec!["step-12", "step-9"]);
@@ -81,9 +84,15 @@ fn missing_load_step_lists_what_exists() {
 #[test]
 fn non_finite_loss_stops_without_checkpointing_the_bad_state() {
     let d = tempfile::tempdir().unwrap();
-    let o = run(&tiny_args(d.path(), 6), &["--checkpoint.enable", "true", "--checkpoint.interval", "1", "--debug.inject_nonfinite_at_step", "3"]);
+    let o = run(
+        &tiny_args(d.path(), 6),
+        &["--checkpoint.enable", "true", "--checkpoint.interval", "1", "--debug.inject_nonfinite_at_step", "3"],
+    );
     assert_clean_error(&o, &["step 3", "NaN", "not checkpointed", "step-2"]);
-    let mut steps: Vec<String> = std::fs::read_dir(d.path().join("checkpoint")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut steps: Vec<String> = std::fs::read_dir(d.path().join("checkpoint"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
     steps.sort();
     assert_eq!(steps, vec!["step-1", "step-2"]);
 }
@@ -92,9 +101,29 @@ fn non_finite_loss_stops_without_checkpointing_the_bad_state() {
 fn generate_samples_text_from_a_checkpoint() {
     let d = tempfile::tempdir().unwrap();
     checkpointed_run(d.path());
-    let out = assert_ok(&titan(&["generate", "--checkpoint", d.path().to_str().unwrap(), "--prompt", "ROMEO:", "--max-new-tokens", "20", "--seed", "3"]));
+    let out = assert_ok(&titan(&[
+        "generate",
+        "--checkpoint",
+        d.path().to_str().unwrap(),
+        "--prompt",
+        "ROMEO:",
+        "--max-new-tokens",
+        "20",
+        "--seed",
+        "3",
+    ]));
     assert!(out.starts_with("ROMEO:") && out.trim_end().len() > "ROMEO:".len(), "{out}");
-    let again = assert_ok(&titan(&["generate", "--checkpoint", d.path().join("checkpoint/step-2").to_str().unwrap(), "--prompt", "ROMEO:", "--max-new-tokens", "20", "--seed", "3"]));
+    let again = assert_ok(&titan(&[
+        "generate",
+        "--checkpoint",
+        d.path().join("checkpoint/step-2").to_str().unwrap(),
+        "--prompt",
+        "ROMEO:",
+        "--max-new-tokens",
+        "20",
+        "--seed",
+        "3",
+    ]));
     assert!(again.starts_with("ROMEO:"));
 }
 
@@ -105,9 +134,13 @@ fn shipped_debug_config_learns_below_unigram_entropy() {
     let d = tempfile::tempdir().unwrap();
     let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("token-cache");
     let o = titan(&[
-        "train", "--config", "configs/llama_debug.toml",
-        "--job.dump_folder", d.path().to_str().unwrap(),
-        "--training.cache_dir", cache.to_str().unwrap(),
+        "train",
+        "--config",
+        "configs/llama_debug.toml",
+        "--job.dump_folder",
+        d.path().to_str().unwrap(),
+        "--training.cache_dir",
+        cache.to_str().unwrap(),
     ]);
     let out = assert_ok(&o);
     let metrics = std::fs::read_to_string(d.path().join("metrics.jsonl")).unwrap();
@@ -142,7 +175,14 @@ fn data_parallel_replicas_match_the_single_rank_run() {
     let run_layout = |name: &str, dp: usize, local: usize| {
         let dump = d.path().join(name);
         let (dp, local) = (dp.to_string(), local.to_string());
-        let extra = ["--parallelism.data_parallel_replicate_degree", dp.as_str(), "--training.local_batch_size", local.as_str(), "--training.global_batch_size", "8"];
+        let extra = [
+            "--parallelism.data_parallel_replicate_degree",
+            dp.as_str(),
+            "--training.local_batch_size",
+            local.as_str(),
+            "--training.global_batch_size",
+            "8",
+        ];
         assert_ok(&run(&tiny_args(&dump, 6), &extra));
         metric_values(&dump)
     };
@@ -164,7 +204,8 @@ fn data_parallel_resume_is_bit_exact() {
     let (straight, resumed) = (d.path().join("straight"), d.path().join("resumed"));
     let dp = ["--parallelism.data_parallel_replicate_degree", "2", "--training.local_batch_size", "2"];
     assert_ok(&run(&tiny_args(&straight, 8), &dp));
-    let ck: Vec<&str> = dp.iter().copied().chain(["--checkpoint.enable", "true", "--checkpoint.interval", "4"]).collect();
+    let ck: Vec<&str> =
+        dp.iter().copied().chain(["--checkpoint.enable", "true", "--checkpoint.interval", "4"]).collect();
     let first: Vec<&str> = ck.iter().copied().chain(["--debug.stop_at_step", "4"]).collect();
     assert_ok(&run(&tiny_args(&resumed, 8), &first));
     assert_ok(&run(&tiny_args(&resumed, 8), &ck));

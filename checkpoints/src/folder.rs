@@ -91,7 +91,12 @@ impl CheckpointFolder {
             let p = dir.join(name);
             let bytes = fs::read(&p).with_context(|| format!("checkpoint file {} is missing", p.display()))?;
             if bytes.len() as u64 != entry.bytes {
-                bail!("checkpoint file {} is truncated or altered: {} bytes, manifest says {}", p.display(), bytes.len(), entry.bytes);
+                bail!(
+                    "checkpoint file {} is truncated or altered: {} bytes, manifest says {}",
+                    p.display(),
+                    bytes.len(),
+                    entry.bytes
+                );
             }
             if crc32fast::hash(&bytes) != entry.crc32 {
                 bail!("checkpoint file {} is corrupt: CRC32 does not match the manifest", p.display());

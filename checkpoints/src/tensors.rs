@@ -50,7 +50,10 @@ mod tests {
     #[test]
     fn round_trip_is_bit_exact() {
         let mut m = TensorMap::new();
-        m.insert("a.weight".into(), HostTensor { shape: vec![2, 2], data: vec![1.0, -0.0, f32::MIN_POSITIVE, 3.5e-12] });
+        m.insert(
+            "a.weight".into(),
+            HostTensor { shape: vec![2, 2], data: vec![1.0, -0.0, f32::MIN_POSITIVE, 3.5e-12] },
+        );
         m.insert("b".into(), HostTensor { shape: vec![1], data: vec![7.0] });
         let meta = HashMap::from([("step".to_string(), "3".to_string())]);
         let bytes = save_tensors(&m, meta.clone()).unwrap();

@@ -52,8 +52,8 @@ fn read_documents(path: &Path) -> Result<Vec<String>> {
     }
     let mut docs = Vec::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let v: serde_json::Value = serde_json::from_str(line)
-            .with_context(|| format!("{}:{}: not valid JSON", path.display(), i + 1))?;
+        let v: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("{}:{}: not valid JSON", path.display(), i + 1))?;
         match v.get("text").and_then(|t| t.as_str()) {
             Some(t) => docs.push(t.to_string()),
             None => bail!("{}:{}: no string field \"text\"", path.display(), i + 1),
@@ -117,7 +117,13 @@ pub fn tokenize_corpus(path: &Path, tokenizer: &Tokenizer, cache_dir: &Path) -> 
         }
     }
     TokenFile::write(&cached, &tokens)?;
-    tracing::info!("tokenized {} ({} files) into {} tokens at {}", path.display(), files.len(), tokens.len(), cached.display());
+    tracing::info!(
+        "tokenized {} ({} files) into {} tokens at {}",
+        path.display(),
+        files.len(),
+        tokens.len(),
+        cached.display()
+    );
     TokenFile::open(&cached)
 }
 

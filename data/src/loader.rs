@@ -79,14 +79,18 @@ impl DataLoader {
         if cfg.seq_len == 0 || cfg.local_batch_size == 0 || cfg.global_batch_size % per_step != 0 {
             bail!(
                 "global batch {} must be a positive multiple of local batch {} × dp degree {}",
-                cfg.global_batch_size, cfg.local_batch_size, cfg.dp_degree
+                cfg.global_batch_size,
+                cfg.local_batch_size,
+                cfg.dp_degree
             );
         }
         let num_windows = tokens.len().saturating_sub(1) / cfg.seq_len;
         if num_windows == 0 {
             bail!(
                 "the corpus {} has {} tokens, fewer than one sample of seq_len {} + 1",
-                tokens.path().display(), tokens.len(), cfg.seq_len
+                tokens.path().display(),
+                tokens.len(),
+                cfg.seq_len
             );
         }
         Ok(Self { tokens, cfg, num_windows, state: LoaderState::default(), perm: None })
@@ -159,7 +163,14 @@ mod tests {
     }
 
     fn cfg(dp_rank: usize, dp: usize, local: usize, global: usize) -> LoaderConfig {
-        LoaderConfig { seq_len: 4, global_batch_size: global, local_batch_size: local, dp_rank, dp_degree: dp, seed: 11 }
+        LoaderConfig {
+            seq_len: 4,
+            global_batch_size: global,
+            local_batch_size: local,
+            dp_rank,
+            dp_degree: dp,
+            seed: 11,
+        }
     }
 
     #[test]
@@ -200,7 +211,8 @@ mod tests {
     fn sample_stream_is_independent_of_dp_degree_and_accumulation() {
         let t = tokens(4 * 37 + 1);
         let step_samples = |dp: usize, local: usize, steps: usize| {
-            let mut loaders: Vec<_> = (0..dp).map(|r| DataLoader::new(t.clone(), cfg(r, dp, local, 8)).unwrap()).collect();
+            let mut loaders: Vec<_> =
+                (0..dp).map(|r| DataLoader::new(t.clone(), cfg(r, dp, local, 8)).unwrap()).collect();
             (0..steps)
                 .map(|_| {
                     let mut firsts: Vec<i64> = loaders

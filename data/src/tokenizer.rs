@@ -24,12 +24,9 @@ impl Tokenizer {
         let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| {
             anyhow!("cannot load tokenizer {}: {e} (make one with `titan-rs tokenizer train`)", path.display())
         })?;
-        let eos_id = EOS_CANDIDATES
-            .iter()
-            .find_map(|t| inner.token_to_id(t))
-            .ok_or_else(|| {
-                anyhow!("tokenizer {} has no end-of-text token (one of {EOS_CANDIDATES:?})", path.display())
-            })?;
+        let eos_id = EOS_CANDIDATES.iter().find_map(|t| inner.token_to_id(t)).ok_or_else(|| {
+            anyhow!("tokenizer {} has no end-of-text token (one of {EOS_CANDIDATES:?})", path.display())
+        })?;
         Ok(Self { inner, eos_id, path: path.to_path_buf() })
     }
 

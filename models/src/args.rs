@@ -97,8 +97,7 @@ impl ModelArgs {
     /// Training FLOPs per token at context length `seq_len`, as TorchTitan counts them:
     /// `6·N_matmul + 12·L·H·d_head·T`.
     pub fn flops_per_token(&self, seq_len: usize) -> f64 {
-        6.0 * self.num_matmul_params() as f64
-            + 12.0 * (self.n_layers * self.n_heads * self.head_dim() * seq_len) as f64
+        6.0 * self.num_matmul_params() as f64 + 12.0 * (self.n_layers * self.n_heads * self.head_dim() * seq_len) as f64
     }
 
     /// Checks the shape is internally consistent; the error names what to change.
@@ -107,10 +106,7 @@ impl ModelArgs {
             return Err(format!("dim {} is not divisible by n_heads {}", self.dim, self.n_heads));
         }
         if self.n_heads % self.n_kv_heads != 0 {
-            return Err(format!(
-                "n_heads {} is not divisible by n_kv_heads {}",
-                self.n_heads, self.n_kv_heads
-            ));
+            return Err(format!("n_heads {} is not divisible by n_kv_heads {}", self.n_heads, self.n_kv_heads));
         }
         if self.head_dim() % 2 != 0 {
             return Err(format!("head_dim {} must be even for RoPE", self.head_dim()));

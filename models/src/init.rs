@@ -42,9 +42,7 @@ pub fn init_values(seed: u64, path: &str, numel: usize, init: Init) -> Vec<f32> 
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ stable_hash(path));
     match init {
         Init::Ones => vec![1.0; numel],
-        Init::Normal { std } => (0..numel)
-            .map(|_| (rng.sample::<f64, _>(StandardNormal) * std) as f32)
-            .collect(),
+        Init::Normal { std } => (0..numel).map(|_| (rng.sample::<f64, _>(StandardNormal) * std) as f32).collect(),
         Init::TruncNormal { std } => (0..numel)
             .map(|_| loop {
                 let z: f64 = rng.sample(StandardNormal);

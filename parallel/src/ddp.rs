@@ -19,7 +19,12 @@ struct HostGrad {
 }
 
 /// Sums every gradient of `model` in `grads` over `comm`, in buckets of about `bucket_bytes`.
-pub fn all_reduce_gradients<M: Module>(model: &M, grads: &mut GradientsParams, comm: &dyn Communicator, bucket_bytes: usize) -> CommResult<()> {
+pub fn all_reduce_gradients<M: Module>(
+    model: &M,
+    grads: &mut GradientsParams,
+    comm: &dyn Communicator,
+    bucket_bytes: usize,
+) -> CommResult<()> {
     if comm.size() == 1 {
         return Ok(());
     }

@@ -73,8 +73,11 @@ fn watchdog(world: std::sync::Arc<LocalWorld>, done: std::sync::Arc<std::sync::a
                     }
                     std::thread::sleep(Duration::from_millis(20));
                 }
-                eprintln!("error: {e}
-(other ranks did not stop within {:.0}s of the failure; exiting)", grace.as_secs_f64());
+                eprintln!(
+                    "error: {e}
+(other ranks did not stop within {:.0}s of the failure; exiting)",
+                    grace.as_secs_f64()
+                );
                 std::process::exit(1);
             }
             std::thread::sleep(Duration::from_millis(20));

@@ -47,7 +47,15 @@ impl fmt::Display for Axis {
 impl ParallelDims {
     /// Resolves `dp_shard = -1` to the ranks the other degrees leave and checks the product.
     /// Errors name the `[parallelism]` key to change and values that would work.
-    pub fn new(dp_replicate: i64, dp_shard: i64, cp: i64, tp: i64, pp: i64, ep: i64, world_size: usize) -> Result<Self, String> {
+    pub fn new(
+        dp_replicate: i64,
+        dp_shard: i64,
+        cp: i64,
+        tp: i64,
+        pp: i64,
+        ep: i64,
+        world_size: usize,
+    ) -> Result<Self, String> {
         let positive = |key: &str, v: i64| -> Result<usize, String> {
             if v >= 1 {
                 Ok(v as usize)
@@ -112,9 +120,21 @@ impl ParallelDims {
     }
 
     /// Checks the degrees against a model; each error names the key and values that work.
-    pub fn validate_model(&self, n_heads: usize, n_kv_heads: usize, ffn_hidden: usize, vocab: usize, n_layers: usize) -> Result<(), String> {
+    pub fn validate_model(
+        &self,
+        n_heads: usize,
+        n_kv_heads: usize,
+        ffn_hidden: usize,
+        vocab: usize,
+        n_layers: usize,
+    ) -> Result<(), String> {
         let tp = self.tp;
-        for (what, n) in [("n_heads", n_heads), ("n_kv_heads", n_kv_heads), ("the FFN hidden size", ffn_hidden), ("vocab_size", vocab)] {
+        for (what, n) in [
+            ("n_heads", n_heads),
+            ("n_kv_heads", n_kv_heads),
+            ("the FFN hidden size", ffn_hidden),
+            ("vocab_size", vocab),
+        ] {
             if n % tp != 0 {
                 return Err(format!(
                     "`parallelism.tensor_parallel_degree` = {tp} does not divide the model's {what} ({n}); use one of {:?}",
@@ -295,7 +315,10 @@ mod tests {
     fn model_validation_names_the_key_and_what_works() {
         let d = dims(1, 1, 3, 1, 3).unwrap();
         let e = d.validate_model(16, 16, 768, 2048, 6).unwrap_err();
-        assert!(e.contains("tensor_parallel_degree` = 3") && e.contains("n_heads (16)") && e.contains("[1, 2, 4, 8, 16]"), "{e}");
+        assert!(
+            e.contains("tensor_parallel_degree` = 3") && e.contains("n_heads (16)") && e.contains("[1, 2, 4, 8, 16]"),
+            "{e}"
+        );
         let d = dims(1, 1, 1, 8, 8).unwrap();
         let e = d.validate_model(16, 16, 768, 2048, 6).unwrap_err();
         assert!(e.contains("pipeline_parallel_degree` = 8") && e.contains("at most 6"), "{e}");

@@ -21,7 +21,11 @@ fn main() {
         let (o, lse) = cpu::forward(&x, &x, &x, n, 0.25);
         let t1 = Instant::now();
         let _ = cpu::backward(&x, &x, &x, &o, &lse, &x, n, 0.25);
-        println!("fused attention kernel alone, one layer: forward {:.3}s backward {:.3}s", (t1 - t0).as_secs_f64(), t1.elapsed().as_secs_f64());
+        println!(
+            "fused attention kernel alone, one layer: forward {:.3}s backward {:.3}s",
+            (t1 - t0).as_secs_f64(),
+            t1.elapsed().as_secs_f64()
+        );
     }
     for fused in [true, false] {
         let m = Transformer::new(&args, 0, &dev).with_fused_attention(fused);

@@ -113,7 +113,8 @@ fn inject(c: &dyn Communicator, fault: Option<Fault>) -> Result<()> {
 /// Every collective at sizes 1 KiB × 4^k up to `max_bytes`, on this rank of `c`.
 fn sweep(c: &dyn Communicator, max_bytes: usize, iters: usize, fault: Option<Fault>) -> Result<Vec<Row>> {
     inject(c, fault)?;
-    let sizes: Vec<usize> = std::iter::successors(Some(1024usize), |s| Some(s * 4)).take_while(|&s| s <= max_bytes).collect();
+    let sizes: Vec<usize> =
+        std::iter::successors(Some(1024usize), |s| Some(s * 4)).take_while(|&s| s <= max_bytes).collect();
     let mut rows = Vec::new();
     for op in OPS {
         for &bytes in &sizes {
@@ -126,7 +127,13 @@ fn sweep(c: &dyn Communicator, max_bytes: usize, iters: usize, fault: Option<Fau
 }
 
 /// Runs the sweep on `nproc` local ranks (threads); rank 0's timings.
-pub fn bench_comm(nproc: usize, max_bytes: usize, iters: usize, timeout: Duration, fault: Option<Fault>) -> Result<Vec<Row>> {
+pub fn bench_comm(
+    nproc: usize,
+    max_bytes: usize,
+    iters: usize,
+    timeout: Duration,
+    fault: Option<Fault>,
+) -> Result<Vec<Row>> {
     if nproc < 2 {
         bail!("--nproc {nproc}: a communication benchmark needs at least 2 ranks");
     }
@@ -136,7 +143,12 @@ pub fn bench_comm(nproc: usize, max_bytes: usize, iters: usize, timeout: Duratio
 
 /// Runs the sweep with this process as one MPI rank; returns `(rank, world size, rows)`.
 #[cfg(feature = "mpi")]
-pub fn bench_comm_mpi(max_bytes: usize, iters: usize, timeout: Duration, fault: Option<Fault>) -> Result<(usize, usize, Vec<Row>)> {
+pub fn bench_comm_mpi(
+    max_bytes: usize,
+    iters: usize,
+    timeout: Duration,
+    fault: Option<Fault>,
+) -> Result<(usize, usize, Vec<Row>)> {
     titan_parallel::launcher::run_mpi_rank(timeout, |c| {
         if c.size() < 2 {
             bail!("a communication benchmark needs at least 2 ranks: mpirun -np 2 …");

@@ -1,9 +1,9 @@
 //! `titan-rs generate`: sample text from a checkpoint.
 
 use crate::config::load_config;
+use crate::paths;
 use crate::state::load_model_tensors;
 use crate::trainer::{build_model, to_tensor_2d};
-use crate::paths;
 use anyhow::{anyhow, bail, Context, Result};
 use burn::prelude::*;
 use rand::{Rng, SeedableRng};
@@ -52,8 +52,9 @@ pub fn generate(checkpoint: &Path, o: &GenerateOptions) -> Result<String> {
     let device = Device::flex();
     let mpath = reader.path("model.safetensors");
     let (tensors, _) = load_tensors(&mpath, &reader.read("model.safetensors")?)?;
-    let model = load_model_tensors(build_model(&cfg, &args, 0, &device), tensors, &device, &mpath.display().to_string())
-        .map_err(|e| anyhow!(e))?;
+    let model =
+        load_model_tensors(build_model(&cfg, &args, 0, &device), tensors, &device, &mpath.display().to_string())
+            .map_err(|e| anyhow!(e))?;
 
     let mut ids: Vec<i64> = tokenizer.encode(&o.prompt)?.into_iter().map(i64::from).collect();
     if ids.is_empty() {

@@ -54,7 +54,8 @@ impl LrSchedule {
         if s < self.warmup_steps + self.stable_steps {
             return 1.0;
         }
-        let progress = ((s + 1 - self.warmup_steps - self.stable_steps) as f64 / (self.decay_steps + 1) as f64).min(1.0);
+        let progress =
+            ((s + 1 - self.warmup_steps - self.stable_steps) as f64 / (self.decay_steps + 1) as f64).min(1.0);
         let f = match self.decay {
             DecayType::Linear => 1.0 - progress,
             DecayType::Sqrt => 1.0 - progress.sqrt(),
@@ -93,7 +94,18 @@ mod tests {
         let s = sched(10, 2, -1.0, "linear", 0.0);
         let got: Vec<f64> = (1..=10).map(|t| s.lr(t)).collect();
         // warmup: 1/3, 2/3; decay over 8 steps: 1 - k/9
-        let want = [1.0 / 3.0, 2.0 / 3.0, 8.0 / 9.0, 7.0 / 9.0, 6.0 / 9.0, 5.0 / 9.0, 4.0 / 9.0, 3.0 / 9.0, 2.0 / 9.0, 1.0 / 9.0];
+        let want = [
+            1.0 / 3.0,
+            2.0 / 3.0,
+            8.0 / 9.0,
+            7.0 / 9.0,
+            6.0 / 9.0,
+            5.0 / 9.0,
+            4.0 / 9.0,
+            3.0 / 9.0,
+            2.0 / 9.0,
+            1.0 / 9.0,
+        ];
         for (g, w) in got.iter().zip(want) {
             assert!(close(*g, w), "{got:?}");
         }

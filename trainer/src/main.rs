@@ -164,7 +164,8 @@ fn run(cli: Cli) -> Result<()> {
             if titan_parallel::under_mpi_launcher() {
                 #[cfg(feature = "mpi")]
                 {
-                    let (rank, size, rows) = bench_comm::bench_comm_mpi(max_mib << 20, iters.max(1), timeout, inject_fault)?;
+                    let (rank, size, rows) =
+                        bench_comm::bench_comm_mpi(max_mib << 20, iters.max(1), timeout, inject_fault)?;
                     if rank == 0 {
                         bench_comm::print_table(&rows, size, "mpi (one rank per process)");
                     }
@@ -180,16 +181,27 @@ fn run(cli: Cli) -> Result<()> {
             let (cfg, flags) = config.load_with_flags(&["warmup", "steps"])?;
             for (k, v) in flags {
                 let n: usize = v.parse().with_context(|| format!("--{k} {v}: expected a number"))?;
-                if k == "warmup" { warmup = n } else { steps = n }
+                if k == "warmup" {
+                    warmup = n
+                } else {
+                    steps = n
+                }
             }
             set_threads(&cfg)?;
             let (flavor, b, t) = (cfg.model.flavor.clone(), cfg.training.local_batch_size, cfg.training.seq_len);
             let r = bench::bench(cfg, warmup, steps.max(1))?;
-            println!("| model | batch×seq | step (s) | tokens/s | MFU | peak TFLOP/s | vs PyTorch eager ≈{} tok/s |", bench::PYTORCH_REFERENCE_TPS);
+            println!(
+                "| model | batch×seq | step (s) | tokens/s | MFU | peak TFLOP/s | vs PyTorch eager ≈{} tok/s |",
+                bench::PYTORCH_REFERENCE_TPS
+            );
             println!("|---|---|---|---|---|---|---|");
             println!(
                 "| {flavor} | {b}×{t} | {:.3} | {:.0} | {:.2}% | {:.3} | {:.2}× |",
-                r.step_seconds, r.tokens_per_s, r.mfu, r.peak_tflops, r.tokens_per_s / bench::PYTORCH_REFERENCE_TPS
+                r.step_seconds,
+                r.tokens_per_s,
+                r.mfu,
+                r.peak_tflops,
+                r.tokens_per_s / bench::PYTORCH_REFERENCE_TPS
             );
         }
     }

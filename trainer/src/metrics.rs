@@ -66,10 +66,21 @@ pub struct MetricsLogger {
 }
 
 impl MetricsLogger {
-    pub fn new(dump: &Path, log_freq: u64, first_step: u64, total_steps: u64, flops_per_token: f64, peak_tflops: f64) -> Result<Self> {
+    pub fn new(
+        dump: &Path,
+        log_freq: u64,
+        first_step: u64,
+        total_steps: u64,
+        flops_per_token: f64,
+        peak_tflops: f64,
+    ) -> Result<Self> {
         std::fs::create_dir_all(dump).with_context(|| format!("creating {}", dump.display()))?;
         let path = dump.join("metrics.jsonl");
-        let jsonl = OpenOptions::new().create(true).append(true).open(&path).with_context(|| format!("opening {}", path.display()))?;
+        let jsonl = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
         let bar = std::io::stderr().is_terminal().then(|| {
             let b = ProgressBar::new(total_steps);
             b.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}").unwrap());

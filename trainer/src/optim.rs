@@ -56,8 +56,7 @@ impl AdamW {
 
     /// State as host tensors (`exp_avg.<path>`, `exp_avg_sq.<path>`), shaped like the parameters.
     pub fn state_dict<M: Module>(&self, model: &M) -> TensorMap {
-        let shapes: BTreeMap<String, Vec<usize>> =
-            crate::state::param_shapes(model).into_iter().collect();
+        let shapes: BTreeMap<String, Vec<usize>> = crate::state::param_shapes(model).into_iter().collect();
         let mut out = TensorMap::new();
         for (path, m) in &self.state {
             let shape = shapes[path].clone();
@@ -71,10 +70,17 @@ impl AdamW {
 
     /// Restores state saved by [`AdamW::state_dict`]; every key must match a parameter's path
     /// and shape.
-    pub fn load_state_dict<M: Module>(&mut self, model: &M, step: u64, mut t: TensorMap, device: &Device) -> Result<(), String> {
+    pub fn load_state_dict<M: Module>(
+        &mut self,
+        model: &M,
+        step: u64,
+        mut t: TensorMap,
+        device: &Device,
+    ) -> Result<(), String> {
         self.state.clear();
         for (path, shape) in crate::state::param_shapes(model) {
-            let (Some(m), Some(v)) = (t.remove(&format!("exp_avg.{path}")), t.remove(&format!("exp_avg_sq.{path}"))) else {
+            let (Some(m), Some(v)) = (t.remove(&format!("exp_avg.{path}")), t.remove(&format!("exp_avg_sq.{path}")))
+            else {
                 if step > 0 {
                     return Err(format!("no optimizer state for parameter {path}"));
                 }
@@ -130,10 +136,11 @@ impl ModuleMapper for Update<'_> {
         }
         let p = tensor.inner().reshape([n]);
         let path = self.path.join(".");
-        let m = self.opt.state.remove(&path).unwrap_or_else(|| Moments {
-            exp_avg: g.zeros_like(),
-            exp_avg_sq: g.zeros_like(),
-        });
+        let m = self
+            .opt
+            .state
+            .remove(&path)
+            .unwrap_or_else(|| Moments { exp_avg: g.zeros_like(), exp_avg_sq: g.zeros_like() });
         let exp_avg = m.exp_avg.clone() + (g.clone() - m.exp_avg).mul_scalar(1.0 - c.beta1);
         let exp_avg_sq = m.exp_avg_sq.mul_scalar(c.beta2) + g.square().mul_scalar(1.0 - c.beta2);
         let bias1 = 1.0 - c.beta1.powi(t);

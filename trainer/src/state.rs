@@ -63,7 +63,12 @@ pub fn model_to_tensors<M: Module>(model: &M) -> TensorMap {
 
 /// Replaces every parameter with the tensor of the same path. Missing, extra and mis-shaped
 /// tensors are errors that name the parameter (`what` names the source, e.g. the file).
-pub fn load_model_tensors<M: Module>(model: M, mut tensors: TensorMap, device: &Device, what: &str) -> Result<M, String> {
+pub fn load_model_tensors<M: Module>(
+    model: M,
+    mut tensors: TensorMap,
+    device: &Device,
+    what: &str,
+) -> Result<M, String> {
     struct L<'a> {
         path: Path,
         tensors: &'a mut TensorMap,
@@ -101,7 +106,9 @@ pub fn load_model_tensors<M: Module>(model: M, mut tensors: TensorMap, device: &
         return Err(format!("{what}: {e}"));
     }
     if let Some(extra) = tensors.keys().next() {
-        return Err(format!("{what}: tensor {extra} matches no parameter of this model (a checkpoint of another model?)"));
+        return Err(format!(
+            "{what}: tensor {extra} matches no parameter of this model (a checkpoint of another model?)"
+        ));
     }
     Ok(model)
 }

@@ -3,10 +3,10 @@
 use crate::config::{to_toml, JobConfig};
 use crate::metrics::{measure_matmul_tflops, MetricsLogger};
 use crate::trainer::{RankContext, Trainer};
-use std::time::Duration;
-use titan_parallel::{run_ranks_or_exit, Communicator};
 use anyhow::{bail, Result};
 use std::path::PathBuf;
+use std::time::Duration;
+use titan_parallel::{run_ranks_or_exit, Communicator};
 
 /// What a finished run reports.
 #[derive(Debug)]
@@ -61,47 +61,14 @@ fn run_mpi(_cfg: JobConfig, _log_rank: usize) -> Result<Summary> {
     bail!("started by an MPI launcher, but this titan-rs was built without MPI; rebuild with `cargo build --release -p titan-rs --features mpi` (needs Debian's openmpi-bin libopenmpi-dev libclang-dev)")
 }
 
-fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summary> {
-    let dump = PathBuf::from(&cfg.job.dump_folder);
-    let steps = cfg.training.steps as u64;
-    let logs = rank.dp_rank == log_rank;
-    let mut t = Trainer::new(cfg, rank)?;
-    let cfg = t.cfg.clone();
-    if !logs {
-        // Silent rank: same steps; rank 0 still writes the checkpoints.
-        while t.step < steps {
-            t.train_step()?;
-            if cfg.checkpoint.enable && (t.step % cfg.checkpoint.interval as u64 == 0 || t.step == steps) {
-                t.save_checkpoint()?;
-            }
-            if cfg.debug.stop_at_step == t.step as i64 {
-                break;
-            }
-        }
-        return Ok(Summary { last_step: t.step, final_loss: None, final_val_loss: None });
-    }
-
-    let n_params = t.args.num_params();
-    println!(
-        "model llama3/{}: {} parameters ({:.2} M), {} layers, dim {}, vocab {}",
-        cfg.model.flavor, n_params, n_params as f64 / 1e6, t.args.n_layers, t.args.dim, t.args.vocab_size
-    );
-    if cfg.debug.print_param_specs {
-        for s in t.model.param_specs() {
-            println!("  {s}");
-        }
-    }
-    if t.step >= steps {
-        println!("already trained to step {} (training.steps = {steps}); raise --training.steps to continue", t.step);
-        return Ok(Summary { last_step: t.step, final_loss: None, final_val_loss: None });
-    }
-
+/// Prints what is being trained and opens the metrics log (the logging rank only).
+fn start_logging(t: &Trainer, dump: &std::path::Path, steps: u64) -> Result<MetricsLogger> {
+    let cfg = &t.cfg;
     let peak = if cfg.metrics.peak_tflops > 0.0 {
         cfg.metrics.peak_tflops
     } else {
         measure_matmul_tflops(&t.device.clone().without_autodiff())
     };
-    let flops_per_token = t.args.flops_per_token(cfg.training.seq_len as usize);
     let dp = t.rank.dp_degree;
     println!(
         "training steps {}..={steps}: {} tokens/step on {dp} data-parallel rank(s), {} microbatch(es) of {}×{} per rank, peak {peak:.3} TFLOP/s for MFU",
@@ -111,28 +78,74 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
         cfg.training.local_batch_size,
         cfg.training.seq_len
     );
-    let mut log = MetricsLogger::new(&dump, cfg.metrics.log_freq as u64, t.step, steps, flops_per_token, peak)?;
+    let flops_per_token = t.args.flops_per_token(cfg.training.seq_len as usize);
+    MetricsLogger::new(dump, cfg.metrics.log_freq as u64, t.step, steps, flops_per_token, peak)
+}
+
+/// One rank's training loop. Every rank runs the same steps; the logging rank prints, writes
+/// metrics and validates; data-parallel rank 0 writes the checkpoints.
+fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summary> {
+    let dump = PathBuf::from(&cfg.job.dump_folder);
+    let steps = cfg.training.steps as u64;
+    let logs = rank.dp_rank == log_rank;
+    let mut t = Trainer::new(cfg, rank)?;
+    let cfg = t.cfg.clone();
+
+    if logs {
+        let n_params = t.args.num_params();
+        println!(
+            "model llama3/{}: {} parameters ({:.2} M), {} layers, dim {}, vocab {}",
+            cfg.model.flavor,
+            n_params,
+            n_params as f64 / 1e6,
+            t.args.n_layers,
+            t.args.dim,
+            t.args.vocab_size
+        );
+        if cfg.debug.print_param_specs {
+            for s in t.model.param_specs() {
+                println!("  {s}");
+            }
+        }
+    }
+    if t.step >= steps {
+        if logs {
+            println!(
+                "already trained to step {} (training.steps = {steps}); raise --training.steps to continue",
+                t.step
+            );
+        }
+        return Ok(Summary { last_step: t.step, final_loss: None, final_val_loss: None });
+    }
+    let mut log = if logs { Some(start_logging(&t, &dump, steps)?) } else { None };
     let mut final_val = None;
 
     while t.step < steps {
         let s = t.train_step()?;
-        log.step(&s)?;
         let step = s.step;
-        if t.validation_enabled() && (step % cfg.validation.freq as u64 == 0 || step == steps) {
-            let (v, n) = t.validate()?;
-            log.validation(step, v, n)?;
-            final_val = Some(v);
+        if let Some(log) = log.as_mut() {
+            log.step(&s)?;
+            if t.validation_enabled() && (step % cfg.validation.freq as u64 == 0 || step == steps) {
+                let (v, n) = t.validate()?;
+                log.validation(step, v, n)?;
+                final_val = Some(v);
+            }
         }
         if cfg.checkpoint.enable && (step % cfg.checkpoint.interval as u64 == 0 || step == steps) {
-            if let Some(dir) = t.save_checkpoint()? {
+            if let (Some(dir), Some(log)) = (t.save_checkpoint()?, log.as_ref()) {
                 log.note(&format!("saved checkpoint {}", dir.display()));
             }
         }
         if cfg.debug.stop_at_step == step as i64 {
-            log.note(&format!("stopping after step {step} (debug.stop_at_step)"));
+            if let Some(log) = log.as_ref() {
+                log.note(&format!("stopping after step {step} (debug.stop_at_step)"));
+            }
             break;
         }
     }
+    let Some(log) = log else {
+        return Ok(Summary { last_step: t.step, final_loss: None, final_val_loss: None });
+    };
     log.finish();
     if cfg.metrics.save_loss_curve {
         let png = dump.join("loss_curve.png");

@@ -118,7 +118,11 @@ impl Trainer {
             let steps = (v.steps > 0).then_some(v.steps as usize);
             let b = ValidationBatches::collect(&vt, seq_len, v.local_batch_size as usize, steps);
             if b.is_empty() {
-                bail!("validation set {} is too small for one batch of {} × {seq_len} tokens", path.display(), v.local_batch_size);
+                bail!(
+                    "validation set {} is too small for one batch of {} × {seq_len} tokens",
+                    path.display(),
+                    v.local_batch_size
+                );
             }
             b
         } else {
@@ -194,7 +198,14 @@ impl Trainer {
         let model = std::mem::replace(&mut self.model, placeholder);
         self.model = self.optim.step(model, acc, lr, scale);
         self.step = step;
-        Ok(StepStats { step, loss: loss_sum, grad_norm, lr, tokens: local_tokens, seconds: start.elapsed().as_secs_f64() })
+        Ok(StepStats {
+            step,
+            loss: loss_sum,
+            grad_norm,
+            lr,
+            tokens: local_tokens,
+            seconds: start.elapsed().as_secs_f64(),
+        })
     }
 
     pub fn validation_enabled(&self) -> bool {
@@ -221,7 +232,8 @@ impl Trainer {
         if self.rank.dp_rank != 0 {
             return Ok(None);
         }
-        let meta = HashMap::from([("step".to_string(), self.step.to_string()), ("format".to_string(), "pt".to_string())]);
+        let meta =
+            HashMap::from([("step".to_string(), self.step.to_string()), ("format".to_string(), "pt".to_string())]);
         let model = save_tensors(&state::model_to_tensors(&self.model), meta.clone())?;
         let optim = save_tensors(&self.optim.state_dict(&self.model), meta)?;
         let ts = TrainState {
@@ -266,8 +278,10 @@ impl Trainer {
         let mpath = r.path("model.safetensors");
         let (tensors, _) = load_tensors(&mpath, &r.read("model.safetensors")?)?;
         let fresh = build_model(&self.cfg, &self.args, 0, &self.device);
-        self.model = state::load_model_tensors(fresh, tensors, &self.device, &mpath.display().to_string())
-            .map_err(|e| anyhow!("{e}; checkpoint flavor is {:?}, this config's is {:?}", ts.flavor, self.cfg.model.flavor))?;
+        self.model =
+            state::load_model_tensors(fresh, tensors, &self.device, &mpath.display().to_string()).map_err(|e| {
+                anyhow!("{e}; checkpoint flavor is {:?}, this config's is {:?}", ts.flavor, self.cfg.model.flavor)
+            })?;
         let opath = r.path("optimizer.safetensors");
         let (ot, _) = load_tensors(&opath, &r.read("optimizer.safetensors")?)?;
         self.optim

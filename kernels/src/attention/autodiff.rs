@@ -61,7 +61,12 @@ impl<B: Backend + FusedAttentionOps, C: CheckpointStrategy> FusedAttentionOps fo
         (Self::from_inner(dq), Self::from_inner(dk), Self::from_inner(dv))
     }
 
-    fn fused_causal_attention(q: FloatTensor<Self>, k: FloatTensor<Self>, v: FloatTensor<Self>, scale: f64) -> FloatTensor<Self> {
+    fn fused_causal_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        scale: f64,
+    ) -> FloatTensor<Self> {
         let guards = [q.node(), k.node(), v.node()];
         let (q, k, v) = (q.into_primitive(), k.into_primitive(), v.into_primitive());
         let (o, lse) = B::fused_causal_attention_fwd(q.clone(), k.clone(), v.clone(), scale);

@@ -147,15 +147,22 @@ pub fn forward(q: &[f32], k: &[f32], v: &[f32], n: Dims, scale: f32) -> (Vec<f32
 
 /// Gradients `(dq, dk, dv)` from the forward's inputs, output, log-sum-exp and `d_o`.
 #[allow(clippy::too_many_arguments)]
-pub fn backward(q: &[f32], k: &[f32], v: &[f32], o: &[f32], lse: &[f32], d_o: &[f32], n: Dims, scale: f32) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+pub fn backward(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    o: &[f32],
+    lse: &[f32],
+    d_o: &[f32],
+    n: Dims,
+    scale: f32,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let (hs, d, t, rep) = (n.head(), n.d, n.t, n.rep());
     let mut dq = vec![0f32; q.len()];
     let mut dk = vec![0f32; k.len()];
     let mut dv = vec![0f32; v.len()];
-    dq.par_chunks_mut(rep * hs)
-        .zip(dk.par_chunks_mut(hs).zip(dv.par_chunks_mut(hs)))
-        .enumerate()
-        .for_each(|(bg, (dq, (dk, dv)))| {
+    dq.par_chunks_mut(rep * hs).zip(dk.par_chunks_mut(hs).zip(dv.par_chunks_mut(hs))).enumerate().for_each(
+        |(bg, (dq, (dk, dv)))| {
             let kv_off = bg * hs;
             let (kh, vh) = (&k[kv_off..kv_off + hs], &v[kv_off..kv_off + hs]);
             let (kt, vt) = (transpose(kh, t, d), transpose(vh, t, d));
@@ -183,7 +190,8 @@ pub fn backward(q: &[f32], k: &[f32], v: &[f32], o: &[f32], lse: &[f32], d_o: &[
                     }
                 }
             }
-        });
+        },
+    );
     (dq, dk, dv)
 }
 

@@ -45,7 +45,8 @@ impl FusedAttentionOps for Flex {
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let n = dims(&q, &k);
         let (ql, kl) = (q.clone(), k.clone());
-        let (dq, dk, dv) = cpu::backward(&host(q), &host(k), &host(v), &host(o), &host(lse), &host(d_o), n, scale as f32);
+        let (dq, dk, dv) =
+            cpu::backward(&host(q), &host(k), &host(v), &host(o), &host(lse), &host(d_o), n, scale as f32);
         let kv_shape = vec![n.b, n.kv, n.t, n.d];
         (
             device_tensor(dq, vec![n.b, n.h, n.t, n.d], &ql),
@@ -54,7 +55,12 @@ impl FusedAttentionOps for Flex {
         )
     }
 
-    fn fused_causal_attention(q: FloatTensor<Self>, k: FloatTensor<Self>, v: FloatTensor<Self>, scale: f64) -> FloatTensor<Self> {
+    fn fused_causal_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        scale: f64,
+    ) -> FloatTensor<Self> {
         Self::fused_causal_attention_fwd(q, k, v, scale).0
     }
 }

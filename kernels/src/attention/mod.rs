@@ -56,7 +56,12 @@ pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
     let kv = k.dims()[1];
     assert!(kv > 0 && h % kv == 0, "fused attention: {h} query heads are not a multiple of {kv} kv heads");
     let scale = 1.0 / (d as f64).sqrt();
-    Tensor::from_dispatch(Dispatch::fused_causal_attention(q.into_dispatch(), k.into_dispatch(), v.into_dispatch(), scale))
+    Tensor::from_dispatch(Dispatch::fused_causal_attention(
+        q.into_dispatch(),
+        k.into_dispatch(),
+        v.into_dispatch(),
+        scale,
+    ))
 }
 
 #[cfg(test)]

@@ -81,7 +81,11 @@ fn runs_without_autodiff_and_reports_support() {
     let dev = Device::flex();
     assert!(supports_fused_attention(&dev) && supports_fused_attention(&dev.clone().autodiff()));
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
-    let (q, k, v) = (random([1, 2, 5, 8], &mut rng, &dev), random([1, 1, 5, 8], &mut rng, &dev), random([1, 1, 5, 8], &mut rng, &dev));
+    let (q, k, v) = (
+        random([1, 2, 5, 8], &mut rng, &dev),
+        random([1, 1, 5, 8], &mut rng, &dev),
+        random([1, 1, 5, 8], &mut rng, &dev),
+    );
     let e = rel_err(&causal_attention(q.clone(), k.clone(), v.clone()), &reference(q, k, v));
     assert!(e <= TOL, "{e}");
 }

@@ -37,7 +37,13 @@ fn chunk_of(n: usize, size: usize, dim: usize) -> usize {
 
 /// Runs `prim` on this rank's `data` of `shape`; returns the result and its shape. Collective
 /// errors (mismatch, timeout, abort) panic with the error, which the launcher reports.
-pub fn run(prim: Prim, mut data: Vec<f32>, shape: &[usize], dim: usize, c: &dyn Communicator) -> (Vec<f32>, Vec<usize>) {
+pub fn run(
+    prim: Prim,
+    mut data: Vec<f32>,
+    shape: &[usize],
+    dim: usize,
+    c: &dyn Communicator,
+) -> (Vec<f32>, Vec<usize>) {
     let (n, r) = (c.size(), c.rank());
     let (a, nd, b) = around(shape, dim);
     let mut out_shape = shape.to_vec();

@@ -108,7 +108,11 @@ fn fsdp_all_gather_reduce_scatters_the_gradient() {
     on_ranks(|r, n, g| {
         let shard = vals(70 + r, [2, 5]).require_grad();
         let full = fsdp_all_gather(shard.clone(), g);
-        assert_close(host(full.clone()), host(Tensor::cat((0..n).map(|s| vals(70 + s, [2, 5])).collect(), 0)), "fsdp forward");
+        assert_close(
+            host(full.clone()),
+            host(Tensor::cat((0..n).map(|s| vals(70 + s, [2, 5])).collect(), 0)),
+            "fsdp forward",
+        );
         // Each rank uses the full parameter on its own data.
         let grads = (full * vals(80 + r, [2 * n, 5])).sum().backward();
         let total = sum_of(n, |s| vals(80 + s, [2 * n, 5]));

@@ -13,7 +13,13 @@ pub trait Exchange {
     fn exchange(&self, info: CallInfo, data: Vec<u8>) -> CommResult<Arc<Vec<Vec<u8>>>>;
 }
 
-pub fn info(kind: &'static str, dtype: DType, bytes: usize, op: Option<ReduceOp>, root: Option<usize>) -> CommResult<CallInfo> {
+pub fn info(
+    kind: &'static str,
+    dtype: DType,
+    bytes: usize,
+    op: Option<ReduceOp>,
+    root: Option<usize>,
+) -> CommResult<CallInfo> {
     if bytes % dtype.size() != 0 {
         return Err(CommError::Invalid(format!("{kind}: {bytes} bytes is not a whole number of {dtype:?} elements")));
     }
@@ -35,7 +41,12 @@ pub fn all_reduce(ex: &impl Exchange, buf: &mut [u8], dtype: DType, op: ReduceOp
 
 pub fn all_gather(ex: &impl Exchange, send: &[u8], recv: &mut [u8], dtype: DType) -> CommResult<()> {
     if recv.len() != send.len() * ex.group_size() {
-        return Err(CommError::Invalid(format!("all_gather: recv holds {} bytes, needs {} × {}", recv.len(), ex.group_size(), send.len())));
+        return Err(CommError::Invalid(format!(
+            "all_gather: recv holds {} bytes, needs {} × {}",
+            recv.len(),
+            ex.group_size(),
+            send.len()
+        )));
     }
     let all = ex.exchange(info("all_gather", dtype, send.len(), None, None)?, send.to_vec())?;
     for (chunk, part) in recv.chunks_mut(send.len().max(1)).zip(all.iter()) {
@@ -46,7 +57,12 @@ pub fn all_gather(ex: &impl Exchange, send: &[u8], recv: &mut [u8], dtype: DType
 
 pub fn reduce_scatter(ex: &impl Exchange, send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
     if send.len() != recv.len() * ex.group_size() {
-        return Err(CommError::Invalid(format!("reduce_scatter: send holds {} bytes, needs {} × {}", send.len(), ex.group_size(), recv.len())));
+        return Err(CommError::Invalid(format!(
+            "reduce_scatter: send holds {} bytes, needs {} × {}",
+            send.len(),
+            ex.group_size(),
+            recv.len()
+        )));
     }
     let all = ex.exchange(info("reduce_scatter", dtype, send.len(), Some(op), None)?, send.to_vec())?;
     let (c, r) = (recv.len(), ex.group_rank());

@@ -299,7 +299,9 @@ impl Communicator for LocalComm {
         loop {
             if let Some((info, data)) = mail.get_mut(&(from, me, tag)).and_then(|q| q.pop_front()) {
                 if info != want {
-                    return Err(CommError::Mismatch(format!("rank {from} sent {info} with tag {tag} but rank {me} expects {want}")));
+                    return Err(CommError::Mismatch(format!(
+                        "rank {from} sent {info} with tag {tag} but rank {me} expects {want}"
+                    )));
                 }
                 buf.copy_from_slice(&data);
                 return Ok(());
@@ -326,10 +328,15 @@ impl Communicator for LocalComm {
         ranks.dedup();
         let me = self.global(self.rank);
         let Some(rank) = ranks.iter().position(|&r| r == me) else {
-            return Err(CommError::Invalid(format!("rank {me} asked for sub-group {ranks:?} that does not contain it")));
+            return Err(CommError::Invalid(format!(
+                "rank {me} asked for sub-group {ranks:?} that does not contain it"
+            )));
         };
         if let Some(bad) = ranks.iter().find(|&&r| r >= self.world.size) {
-            return Err(CommError::Invalid(format!("sub-group {ranks:?} names rank {bad} outside the world of {}", self.world.size)));
+            return Err(CommError::Invalid(format!(
+                "sub-group {ranks:?} names rank {bad} outside the world of {}",
+                self.world.size
+            )));
         }
         Ok(Box::new(LocalComm { world: self.world.clone(), group: self.world.group(&ranks), rank }))
     }

@@ -15,8 +15,8 @@ use mpi::environment::Universe;
 use mpi::point_to_point::MatchedReceiveVec;
 use mpi::request::{scope, StaticScope};
 use mpi::topology::{Color, SimpleCommunicator};
-use mpi::traits::*;
 use mpi::traits::Communicator as _;
+use mpi::traits::*;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -34,7 +34,8 @@ pub struct MpiWorld {
 impl MpiWorld {
     /// Initialises MPI (once per process).
     pub fn init(timeout: Duration) -> Result<Self, CommError> {
-        let universe = mpi::initialize().ok_or_else(|| CommError::Invalid("MPI was already initialised in this process".into()))?;
+        let universe = mpi::initialize()
+            .ok_or_else(|| CommError::Invalid("MPI was already initialised in this process".into()))?;
         Ok(Self { universe: Arc::new(universe), timeout })
     }
 
@@ -90,7 +91,8 @@ fn encode(seq: u64, i: &CallInfo) -> [u64; HEADER] {
 fn decode(h: &[u64]) -> String {
     let kind = KINDS.get(h[1] as usize).copied().unwrap_or("?");
     let dtype = [DType::F32, DType::BF16, DType::U8].get(h[2] as usize).copied().unwrap_or(DType::U8);
-    let op = [None, Some(ReduceOp::Sum), Some(ReduceOp::Mean), Some(ReduceOp::Max)].get(h[4] as usize).copied().flatten();
+    let op =
+        [None, Some(ReduceOp::Sum), Some(ReduceOp::Mean), Some(ReduceOp::Max)].get(h[4] as usize).copied().flatten();
     let root = (h[5] != u64::MAX).then_some(h[5] as usize);
     format!("{} #{}", CallInfo { kind, dtype, count: h[3] as usize, op, root }, h[0])
 }
@@ -278,7 +280,8 @@ impl Communicator for MpiComm {
         let leaked: &'static mut [u8] = Box::leak(msg.into_boxed_slice());
         let ptr: *mut [u8] = leaked;
         // SAFETY: `ptr` stays valid until `reap` sees the request complete.
-        let request = self.comm.process_at_rank(dst as i32).immediate_send_with_tag(StaticScope, unsafe { &*ptr }, tag as i32);
+        let request =
+            self.comm.process_at_rank(dst as i32).immediate_send_with_tag(StaticScope, unsafe { &*ptr }, tag as i32);
         self.outbox.lock().unwrap_or_else(|p| p.into_inner()).push(Pending { request, buf: ptr });
         Ok(())
     }
@@ -320,10 +323,16 @@ impl Communicator for MpiComm {
         ranks.sort();
         ranks.dedup();
         if !ranks.contains(&self.me()) {
-            return Err(CommError::Invalid(format!("rank {} asked for sub-group {ranks:?} that does not contain it", self.me())));
+            return Err(CommError::Invalid(format!(
+                "rank {} asked for sub-group {ranks:?} that does not contain it",
+                self.me()
+            )));
         }
         let color = Color::with_value(ranks[0] as i32);
-        let comm = self.comm.split_by_color(color).ok_or_else(|| CommError::Invalid("MPI_Comm_split returned no communicator".into()))?;
+        let comm = self
+            .comm
+            .split_by_color(color)
+            .ok_or_else(|| CommError::Invalid("MPI_Comm_split returned no communicator".into()))?;
         if comm.size() as usize != ranks.len() {
             return Err(CommError::Invalid(format!(
                 "sub-group {ranks:?}: MPI made a group of {} ranks; every rank of the parent must create its group at the same point",

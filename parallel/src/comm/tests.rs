@@ -93,7 +93,10 @@ fn bf16_and_bytes() {
     })
     .unwrap();
     for (x, bytes, e) in out {
-        assert_eq!(x.iter().map(|v| v.to_f32()).collect::<Vec<_>>(), (0..8).map(|i| 3.0 * i as f32 + 3.0).collect::<Vec<_>>());
+        assert_eq!(
+            x.iter().map(|v| v.to_f32()).collect::<Vec<_>>(),
+            (0..8).map(|i| 3.0 * i as f32 + 3.0).collect::<Vec<_>>()
+        );
         assert_eq!(bytes, vec![0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]);
         assert!(e.to_string().contains("raw bytes cannot be reduced"));
     }
@@ -148,9 +151,13 @@ fn mismatched_calls_are_an_error_naming_both() {
     })
     .unwrap_err()
     .to_string();
-    assert!(e.contains("collective #0") && e.contains("all_reduce(F32 × 4, Sum)") && e.contains("all_gather(F32 × 4)"), "{e}");
+    assert!(
+        e.contains("collective #0") && e.contains("all_reduce(F32 × 4, Sum)") && e.contains("all_gather(F32 × 4)"),
+        "{e}"
+    );
     assert!(start.elapsed() < Duration::from_secs(5));
-    let e = run_ranks(3, T, |c| c.all_reduce(&mut vec![0f32; 4 + c.rank() % 2], ReduceOp::Sum).map_err(Into::into)).unwrap_err();
+    let e = run_ranks(3, T, |c| c.all_reduce(&mut vec![0f32; 4 + c.rank() % 2], ReduceOp::Sum).map_err(Into::into))
+        .unwrap_err();
     assert!(e.to_string().contains("F32 × 5") && e.to_string().contains("F32 × 4"), "{e}");
 }
 

@@ -28,9 +28,7 @@ impl Origin<'_> {
 /// 1-based line of `[section]` or of `key = …` inside it (also `section.key = …` at top level).
 fn find_line(text: &str, section: &str, key: Option<&str>) -> Option<usize> {
     let mut current = String::new();
-    let starts_key = |l: &str, k: &str| {
-        l.strip_prefix(k).is_some_and(|rest| rest.trim_start().starts_with('='))
-    };
+    let starts_key = |l: &str, k: &str| l.strip_prefix(k).is_some_and(|rest| rest.trim_start().starts_with('='));
     for (i, raw) in text.lines().enumerate() {
         let l = raw.trim();
         if let Some(h) = l.strip_prefix('[').and_then(|h| h.split(']').next()) {
@@ -72,11 +70,9 @@ fn coerce(key: &str, default: &Value, v: Value, origin: &str) -> Result<Value> {
             Ok(Value::Array(items))
         }
         (d, v) if std::mem::discriminant(d) == std::mem::discriminant(&v) => Ok(v),
-        (d, v) => bail!(
-            "config key `{key}` {origin} must be {} (like {d}), not {} {v}",
-            article(type_name(d)),
-            type_name(&v)
-        ),
+        (d, v) => {
+            bail!("config key `{key}` {origin} must be {} (like {d}), not {} {v}", article(type_name(d)), type_name(&v))
+        }
     }
 }
 
@@ -91,9 +87,10 @@ fn article(t: &str) -> String {
 fn merge(merged: &mut Table, defaults: &Table, incoming: Table, origin: Origin) -> Result<()> {
     for (section, body) in incoming {
         let Some(Value::Table(schema)) = defaults.get(&section) else {
-            let hint = closest(&section, defaults.keys())
-                .map(|c| format!("; did you mean [{c}]?"))
-                .unwrap_or_else(|| format!("; valid sections: {}", defaults.keys().cloned().collect::<Vec<_>>().join(", ")));
+            let hint =
+                closest(&section, defaults.keys()).map(|c| format!("; did you mean [{c}]?")).unwrap_or_else(|| {
+                    format!("; valid sections: {}", defaults.keys().cloned().collect::<Vec<_>>().join(", "))
+                });
             bail!("unknown config section [{section}] {}{hint}", origin.locate(&section, None));
         };
         let Value::Table(body) = body else {
@@ -108,7 +105,9 @@ fn merge(merged: &mut Table, defaults: &Table, incoming: Table, origin: Origin) 
                     Some(c) => format!("; did you mean `{section}.{c}`?"),
                     None => match defaults.iter().find(|(_, t)| t.as_table().is_some_and(|t| t.contains_key(&key))) {
                         Some((other, _)) => format!("; `{key}` belongs in [{other}]"),
-                        None => format!("; keys of [{section}]: {}", schema.keys().cloned().collect::<Vec<_>>().join(", ")),
+                        None => {
+                            format!("; keys of [{section}]: {}", schema.keys().cloned().collect::<Vec<_>>().join(", "))
+                        }
                     },
                 };
                 bail!("unknown config key `{full}` {here}{hint}");
@@ -177,7 +176,8 @@ pub fn load_config(path: Option<&Path>, overrides: &[(String, String)]) -> Resul
     };
     let mut merged = defaults.clone();
     if let Some(path) = path {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
         let file: Table = text.parse().map_err(|e: toml::de::Error| {
             anyhow!("{} is not valid TOML: {}", path.display(), e.to_string().trim_end())
         })?;

@@ -27,10 +27,11 @@ fn defaults_file_then_cli_precedence() {
 
 #[test]
 fn cli_override_forms() {
-    let args: Vec<String> = ["--training.steps", "20", "--checkpoint.enable=true", "--job.print_config", "--optimizer.betas", "[0.8, 0.9]"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let args: Vec<String> =
+        ["--training.steps", "20", "--checkpoint.enable=true", "--job.print_config", "--optimizer.betas", "[0.8, 0.9]"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
     let o = parse_overrides(&args).unwrap();
     let c = load_config(None, &o).unwrap();
     assert_eq!(c.training.steps, 20);
@@ -85,11 +86,17 @@ fn impossible_values_name_key_and_allowed_values() {
 #[test]
 fn parallel_degrees_other_than_one_are_not_supported_yet() {
     let e = err("[parallelism]\ntensor_parallel_degree = 2\n", &[]);
-    assert!(e.contains("`parallelism.tensor_parallel_degree` = 2 is not supported yet") && e.contains("set it to 1"), "{e}");
+    assert!(
+        e.contains("`parallelism.tensor_parallel_degree` = 2 is not supported yet") && e.contains("set it to 1"),
+        "{e}"
+    );
     let e = err("", &[("parallelism.data_parallel_shard_degree", "4")]);
     assert!(e.contains("data_parallel_shard_degree` = 4 is not supported yet"), "{e}");
     // DDP is supported; the global batch must split evenly over the replicas.
-    let e = err("[training]\nlocal_batch_size = 4\nglobal_batch_size = 12\n[parallelism]\ndata_parallel_replicate_degree = 2\n", &[]);
+    let e = err(
+        "[training]\nlocal_batch_size = 4\nglobal_batch_size = 12\n[parallelism]\ndata_parallel_replicate_degree = 2\n",
+        &[],
+    );
     assert!(e.contains("multiple of local_batch_size × data_parallel_replicate_degree = 8"), "{e}");
 }
 
@@ -119,7 +126,11 @@ fn shipped_configs_load() {
 #[test]
 fn mesh_degrees_are_checked_against_the_model() {
     let e = err("[parallelism]\ntensor_parallel_degree = 3\n", &[]);
-    assert!(e.contains("tensor_parallel_degree` = 3 does not divide the model's n_heads (16)") && e.contains("[1, 2, 4, 8, 16]"), "{e}");
+    assert!(
+        e.contains("tensor_parallel_degree` = 3 does not divide the model's n_heads (16)")
+            && e.contains("[1, 2, 4, 8, 16]"),
+        "{e}"
+    );
     let e = err("[parallelism]\npipeline_parallel_degree = 7\n", &[]);
     assert!(e.contains("exceeds the model's 6 layers"), "{e}");
     let e = err("[parallelism]\ndata_parallel_replicate_degree = 0\n", &[]);

@@ -50,7 +50,10 @@ pub fn validate(c: &JobConfig) -> Result<()> {
         e.push(format!("`lr_scheduler.warmup_steps` = {} must be >= 0", s.warmup_steps));
     }
     if s.decay_ratio != -1.0 && !(0.0..=1.0).contains(&s.decay_ratio) {
-        e.push(format!("`lr_scheduler.decay_ratio` = {} must be in [0, 1], or -1 for all steps after warmup", s.decay_ratio));
+        e.push(format!(
+            "`lr_scheduler.decay_ratio` = {} must be in [0, 1], or -1 for all steps after warmup",
+            s.decay_ratio
+        ));
     }
     one_of(&mut e, "lr_scheduler.decay_type", &s.decay_type, &["linear", "sqrt", "cosine"]);
     if !(0.0..=1.0).contains(&s.min_lr_factor) {
@@ -94,8 +97,18 @@ pub fn validate(c: &JobConfig) -> Result<()> {
     not_yet(&mut e, "parallelism.pipeline_parallel_degree", p.pipeline_parallel_degree, &[1]);
     not_yet(&mut e, "parallelism.context_parallel_degree", p.context_parallel_degree, &[1]);
     not_yet(&mut e, "parallelism.expert_parallel_degree", p.expert_parallel_degree, &[1]);
-    one_of(&mut e, "parallelism.fsdp_reshard_after_forward", &p.fsdp_reshard_after_forward, &["default", "always", "never"]);
-    one_of(&mut e, "parallelism.pipeline_parallel_schedule", &p.pipeline_parallel_schedule, &["GPipe", "1F1B", "Interleaved1F1B"]);
+    one_of(
+        &mut e,
+        "parallelism.fsdp_reshard_after_forward",
+        &p.fsdp_reshard_after_forward,
+        &["default", "always", "never"],
+    );
+    one_of(
+        &mut e,
+        "parallelism.pipeline_parallel_schedule",
+        &p.pipeline_parallel_schedule,
+        &["GPipe", "1F1B", "Interleaved1F1B"],
+    );
     let k = &c.checkpoint;
     positive(&mut e, "checkpoint.interval", k.interval);
     if k.keep_latest_k < 0 {
@@ -134,10 +147,16 @@ pub fn validate(c: &JobConfig) -> Result<()> {
         }
         // The mesh rules and the model's divisibility, checked before anything starts.
         let shard = if p.data_parallel_shard_degree > 0 { p.data_parallel_shard_degree } else { 1 };
-        let world = [p.data_parallel_replicate_degree, shard, p.context_parallel_degree, p.tensor_parallel_degree, p.pipeline_parallel_degree]
-            .iter()
-            .map(|&d| d.max(1) as usize)
-            .product();
+        let world = [
+            p.data_parallel_replicate_degree,
+            shard,
+            p.context_parallel_degree,
+            p.tensor_parallel_degree,
+            p.pipeline_parallel_degree,
+        ]
+        .iter()
+        .map(|&d| d.max(1) as usize)
+        .product();
         let dims = ParallelDims::new(
             p.data_parallel_replicate_degree,
             p.data_parallel_shard_degree,
@@ -149,7 +168,13 @@ pub fn validate(c: &JobConfig) -> Result<()> {
         );
         match dims {
             Ok(d) => {
-                if let Err(msg) = d.validate_model(args.n_heads, args.n_kv_heads, args.ffn_hidden_dim(), args.vocab_size, args.n_layers) {
+                if let Err(msg) = d.validate_model(
+                    args.n_heads,
+                    args.n_kv_heads,
+                    args.ffn_hidden_dim(),
+                    args.vocab_size,
+                    args.n_layers,
+                ) {
                     e.push(msg);
                 }
             }
