@@ -82,3 +82,27 @@ pub fn broadcast(ex: &impl Exchange, buf: &mut [u8], dtype: DType, root: usize) 
 pub fn barrier(ex: &impl Exchange) -> CommResult<()> {
     ex.exchange(info("barrier", DType::U8, 0, None, None)?, Vec::new()).map(|_| ())
 }
+
+/// The four exchange-based collectives of a [`super::Communicator`] impl whose type implements
+/// [`Exchange`] (the `local` and `mpi` backends).
+#[macro_export]
+#[doc(hidden)]
+macro_rules! exchange_collectives {
+    () => {
+        fn all_reduce_bytes(&self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
+            exchange::all_reduce(self, buf, dtype, op)
+        }
+
+        fn all_gather_bytes(&self, send: &[u8], recv: &mut [u8], dtype: DType) -> CommResult<()> {
+            exchange::all_gather(self, send, recv, dtype)
+        }
+
+        fn reduce_scatter_bytes(&self, send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
+            exchange::reduce_scatter(self, send, recv, dtype, op)
+        }
+
+        fn broadcast_bytes(&self, buf: &mut [u8], dtype: DType, root: usize) -> CommResult<()> {
+            exchange::broadcast(self, buf, dtype, root)
+        }
+    };
+}

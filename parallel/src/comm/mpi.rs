@@ -252,21 +252,7 @@ impl Communicator for MpiComm {
         &self.ranks
     }
 
-    fn all_reduce_bytes(&self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
-        exchange::all_reduce(self, buf, dtype, op)
-    }
-
-    fn all_gather_bytes(&self, send: &[u8], recv: &mut [u8], dtype: DType) -> CommResult<()> {
-        exchange::all_gather(self, send, recv, dtype)
-    }
-
-    fn reduce_scatter_bytes(&self, send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
-        exchange::reduce_scatter(self, send, recv, dtype, op)
-    }
-
-    fn broadcast_bytes(&self, buf: &mut [u8], dtype: DType, root: usize) -> CommResult<()> {
-        exchange::broadcast(self, buf, dtype, root)
-    }
+    crate::exchange_collectives!();
 
     fn send_bytes(&self, buf: &[u8], dtype: DType, dst: usize, tag: u32) -> CommResult<()> {
         exchange::check_peer(self.rank, self.size(), dst, "send to")?;
