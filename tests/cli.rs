@@ -85,13 +85,11 @@ fn shipped_tokenizer_round_trips_the_corpus() {
 
 #[test]
 fn bench_comm_checks_every_collective_on_four_ranks() {
-    let out = assert_ok(&titan(&["bench", "comm", "--nproc", "4", "--max-mib", "1", "--iters", "1"]));
+    // The full sweep, 1 KiB to 64 MiB (9 sizes), every result checked by the binary.
+    let out = assert_ok(&titan(&["bench", "comm", "--nproc", "4", "--iters", "1"]));
     for op in ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"] {
-        assert_eq!(
-            out.lines().filter(|l| l.starts_with(&format!("| {op} |"))).count(),
-            6,
-            "{op} rows (1 KiB..1 MiB):\n{out}"
-        );
+        let rows = out.lines().filter(|l| l.starts_with(&format!("| {op} |"))).count();
+        assert_eq!(rows, 9, "{op} rows (1 KiB..64 MiB):\n{out}");
     }
     assert!(out.contains("every result checked"));
     let o = titan(&["bench", "comm", "--nproc", "1"]);
@@ -124,4 +122,24 @@ fn log_rank_must_name_an_existing_rank() {
         "5",
     ]);
     assert_clean_error(&o, &["--log-rank 5: there are only 2 rank(s)"]);
+}
+
+#[test]
+fn nproc_is_checked_against_the_mesh() {
+    let base = ["train", "--config", "configs/llama_debug.toml", "--training.local_batch_size", "2"];
+    let with = |extra: &[&str]| titan(&base.iter().chain(extra).copied().collect::<Vec<_>>());
+    let o = with(&[
+        "--nproc",
+        "3",
+        "--parallelism.data_parallel_replicate_degree",
+        "2",
+        "--parallelism.data_parallel_shard_degree",
+        "1",
+    ]);
+    assert_clean_error(&o, &["--nproc 3: invalid parallel dims", "!= world size 3"]);
+    let o = with(&["--nproc", "4"]);
+    assert_clean_error(
+        &o,
+        &["--nproc 4 gives `parallelism.data_parallel_shard_degree` = 4 (FSDP)", "not supported yet"],
+    );
 }

@@ -45,7 +45,8 @@ impl ConfigArgs {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Train a model (`--log-rank N` chooses the rank that logs; default 0).
+    /// Train a model. `--nproc N`: the world size (checked against the mesh; -1 degrees take the
+    /// remaining ranks); `--log-rank N`: the rank that logs (default 0).
     Train(ConfigArgs),
     /// Print the effective config (defaults < file < overrides) as TOML.
     Config(ConfigArgs),
@@ -137,13 +138,18 @@ fn set_threads(cfg: &JobConfig) -> Result<()> {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Train(a) => {
-            let (cfg, flags) = a.load_with_flags(&["log-rank"])?;
-            let log_rank = match flags.first() {
-                Some((_, v)) => v.parse().with_context(|| format!("--log-rank {v}: expected a rank number"))?,
-                None => 0,
-            };
+            let (cfg, flags) = a.load_with_flags(&["log-rank", "nproc"])?;
+            let (mut log_rank, mut nproc) = (0, None);
+            for (k, v) in flags {
+                let n: usize = v.parse().with_context(|| format!("--{k} {v}: expected a number"))?;
+                if k == "log-rank" {
+                    log_rank = n
+                } else {
+                    nproc = Some(n)
+                }
+            }
             set_threads(&cfg)?;
-            let s = train::run(cfg, log_rank)?;
+            let s = train::run(cfg, log_rank, nproc)?;
             if let Some(v) = s.final_val_loss {
                 println!("done at step {}: validation loss {v:.4}", s.last_step);
             } else if let Some(l) = s.final_loss {

@@ -6,7 +6,7 @@ use crate::trainer::{RankContext, Trainer};
 use anyhow::{bail, Result};
 use std::path::PathBuf;
 use std::time::Duration;
-use titan_parallel::{run_ranks_or_exit, Communicator};
+use titan_parallel::{run_ranks_or_exit, Communicator, ParallelDims};
 
 /// What a finished run reports.
 #[derive(Debug)]
@@ -19,9 +19,12 @@ pub struct Summary {
 /// Trains with the configured layout: one rank, or `data_parallel_replicate_degree` data-parallel
 /// ranks — threads of this process, or one per process under `mpirun`. Rank `log_rank` prints and
 /// writes metrics; rank 0 writes checkpoints.
-pub fn run(cfg: JobConfig, log_rank: usize) -> Result<Summary> {
+pub fn run(cfg: JobConfig, log_rank: usize, nproc: Option<usize>) -> Result<Summary> {
     if cfg.job.print_config {
         println!("{}", to_toml(&cfg));
+    }
+    if let Some(n) = nproc {
+        check_world_size(&cfg, n)?;
     }
     let world = cfg.parallelism.data_parallel_replicate_degree as usize;
     if log_rank >= world {
@@ -39,6 +42,29 @@ pub fn run(cfg: JobConfig, log_rank: usize) -> Result<Summary> {
         run_rank(cfg.clone(), ctx, log_rank)
     })?;
     Ok(summaries.into_iter().nth(log_rank).expect("the logging rank"))
+}
+
+/// `--nproc N`: the mesh rules with world size N (`data_parallel_shard_degree = -1` takes the
+/// remaining ranks); the layout must be one this build trains.
+fn check_world_size(cfg: &JobConfig, n: usize) -> Result<()> {
+    let p = &cfg.parallelism;
+    let dims = ParallelDims::new(
+        p.data_parallel_replicate_degree,
+        p.data_parallel_shard_degree,
+        p.context_parallel_degree,
+        p.tensor_parallel_degree,
+        p.pipeline_parallel_degree,
+        p.expert_parallel_degree,
+        n,
+    )
+    .map_err(|e| anyhow::anyhow!("--nproc {n}: {e}"))?;
+    if dims.dp_shard > 1 {
+        bail!(
+            "--nproc {n} gives `parallelism.data_parallel_shard_degree` = {} (FSDP), which is not supported yet; set `parallelism.data_parallel_replicate_degree` = {n} and `data_parallel_shard_degree` = 1 for data parallelism",
+            dims.dp_shard
+        );
+    }
+    Ok(())
 }
 
 /// One rank per MPI process; the MPI world must be the data-parallel degree.
