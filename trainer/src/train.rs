@@ -6,7 +6,7 @@ use crate::trainer::{RankContext, Trainer};
 use anyhow::{bail, Result};
 use std::path::PathBuf;
 use std::time::Duration;
-use titan_parallel::{run_ranks_or_exit, Communicator, ParallelDims};
+use titan_parallel::{run_ranks_or_exit, Communicator};
 
 /// What a finished run reports.
 #[derive(Debug)]
@@ -47,17 +47,7 @@ pub fn run(cfg: JobConfig, log_rank: usize, nproc: Option<usize>) -> Result<Summ
 /// `--nproc N`: the mesh rules with world size N (`data_parallel_shard_degree = -1` takes the
 /// remaining ranks); the layout must be one this build trains.
 fn check_world_size(cfg: &JobConfig, n: usize) -> Result<()> {
-    let p = &cfg.parallelism;
-    let dims = ParallelDims::new(
-        p.data_parallel_replicate_degree,
-        p.data_parallel_shard_degree,
-        p.context_parallel_degree,
-        p.tensor_parallel_degree,
-        p.pipeline_parallel_degree,
-        p.expert_parallel_degree,
-        n,
-    )
-    .map_err(|e| anyhow::anyhow!("--nproc {n}: {e}"))?;
+    let dims = cfg.parallelism.dims(Some(n)).map_err(|e| anyhow::anyhow!("--nproc {n}: {e}"))?;
     if dims.dp_shard > 1 {
         bail!(
             "--nproc {n} gives `parallelism.data_parallel_shard_degree` = {} (FSDP), which is not supported yet; set `parallelism.data_parallel_replicate_degree` = {n} and `data_parallel_shard_degree` = 1 for data parallelism",

@@ -33,6 +33,20 @@ pub fn check_peer(rank: usize, size: usize, peer: usize, what: &str) -> CommResu
     Ok(peer)
 }
 
+/// A sub-group request as sorted, distinct global ranks, and this rank's index in it.
+pub fn sub_group_ranks(global_ranks: &[usize], me: usize, world: usize) -> CommResult<(Vec<usize>, usize)> {
+    let mut ranks = global_ranks.to_vec();
+    ranks.sort();
+    ranks.dedup();
+    let Some(rank) = ranks.iter().position(|&r| r == me) else {
+        return Err(CommError::Invalid(format!("rank {me} asked for sub-group {ranks:?} that does not contain it")));
+    };
+    if let Some(bad) = ranks.iter().find(|&&r| r >= world) {
+        return Err(CommError::Invalid(format!("sub-group {ranks:?} names rank {bad} outside the world of {world}")));
+    }
+    Ok((ranks, rank))
+}
+
 pub fn all_reduce(ex: &impl Exchange, buf: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
     let all = ex.exchange(info("all_reduce", dtype, buf.len(), Some(op), None)?, buf.to_vec())?;
     let parts: Vec<&[u8]> = all.iter().map(|p| p.as_slice()).collect();

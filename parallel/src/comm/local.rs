@@ -309,21 +309,7 @@ impl Communicator for LocalComm {
     }
 
     fn sub_group(&self, global_ranks: &[usize]) -> CommResult<Box<dyn Communicator>> {
-        let mut ranks = global_ranks.to_vec();
-        ranks.sort();
-        ranks.dedup();
-        let me = self.global(self.rank);
-        let Some(rank) = ranks.iter().position(|&r| r == me) else {
-            return Err(CommError::Invalid(format!(
-                "rank {me} asked for sub-group {ranks:?} that does not contain it"
-            )));
-        };
-        if let Some(bad) = ranks.iter().find(|&&r| r >= self.world.size) {
-            return Err(CommError::Invalid(format!(
-                "sub-group {ranks:?} names rank {bad} outside the world of {}",
-                self.world.size
-            )));
-        }
+        let (ranks, rank) = exchange::sub_group_ranks(global_ranks, self.global(self.rank), self.world.size)?;
         Ok(Box::new(LocalComm { world: self.world.clone(), group: self.world.group(&ranks), rank }))
     }
 }

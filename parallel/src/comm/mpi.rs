@@ -305,15 +305,8 @@ impl Communicator for MpiComm {
     }
 
     fn sub_group(&self, global_ranks: &[usize]) -> CommResult<Box<dyn Communicator>> {
-        let mut ranks = global_ranks.to_vec();
-        ranks.sort();
-        ranks.dedup();
-        if !ranks.contains(&self.me()) {
-            return Err(CommError::Invalid(format!(
-                "rank {} asked for sub-group {ranks:?} that does not contain it",
-                self.me()
-            )));
-        }
+        let world = self._universe.world().size() as usize;
+        let (ranks, _) = exchange::sub_group_ranks(global_ranks, self.me(), world)?;
         let color = Color::with_value(ranks[0] as i32);
         let comm = self
             .comm

@@ -10,6 +10,32 @@ mod tests;
 pub use load::{load_config, parse_overrides, to_toml};
 pub use schema::*;
 
+impl Parallelism {
+    /// The mesh for `world` ranks (`None`: the product of the degrees, -1 shard counting as 1).
+    pub fn dims(&self, world: Option<usize>) -> Result<titan_parallel::ParallelDims, String> {
+        let shard = if self.data_parallel_shard_degree > 0 { self.data_parallel_shard_degree } else { 1 };
+        let product = [
+            self.data_parallel_replicate_degree,
+            shard,
+            self.context_parallel_degree,
+            self.tensor_parallel_degree,
+            self.pipeline_parallel_degree,
+        ]
+        .iter()
+        .map(|&d| d.max(1) as usize)
+        .product();
+        titan_parallel::ParallelDims::new(
+            self.data_parallel_replicate_degree,
+            self.data_parallel_shard_degree,
+            self.context_parallel_degree,
+            self.tensor_parallel_degree,
+            self.pipeline_parallel_degree,
+            self.expert_parallel_degree,
+            world.unwrap_or(product),
+        )
+    }
+}
+
 impl JobConfig {
     /// Global batch in samples (resolving -1 for a single data-parallel rank).
     pub fn global_batch_size(&self, dp_degree: usize) -> usize {

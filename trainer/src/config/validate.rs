@@ -3,7 +3,6 @@
 use super::schema::JobConfig;
 use anyhow::{bail, Result};
 use titan_models::{ModelArgs, FLAVORS};
-use titan_parallel::ParallelDims;
 
 fn one_of(errors: &mut Vec<String>, key: &str, value: &str, allowed: &[&str]) {
     if !allowed.contains(&value) {
@@ -146,26 +145,7 @@ pub fn validate(c: &JobConfig) -> Result<()> {
             e.push(format!("`model.flavor` = {:?}: {msg}", c.model.flavor));
         }
         // The mesh rules and the model's divisibility, checked before anything starts.
-        let shard = if p.data_parallel_shard_degree > 0 { p.data_parallel_shard_degree } else { 1 };
-        let world = [
-            p.data_parallel_replicate_degree,
-            shard,
-            p.context_parallel_degree,
-            p.tensor_parallel_degree,
-            p.pipeline_parallel_degree,
-        ]
-        .iter()
-        .map(|&d| d.max(1) as usize)
-        .product();
-        let dims = ParallelDims::new(
-            p.data_parallel_replicate_degree,
-            p.data_parallel_shard_degree,
-            p.context_parallel_degree,
-            p.tensor_parallel_degree,
-            p.pipeline_parallel_degree,
-            p.expert_parallel_degree,
-            world,
-        );
+        let dims = p.dims(None);
         match dims {
             Ok(d) => {
                 if let Err(msg) = d.validate_model(
