@@ -8,11 +8,13 @@
 //! * [`autograd`]: differentiable collectives on Burn tensors (Megatron's f and g, gather/split,
 //!   reduce-scatter, the FSDP parameter all-gather) as custom autodiff ops.
 //! * [`ddp`]: data parallelism — bucketed gradient all-reduce over the dp group.
+//! * [`fsdp`]: parameters sharded along dim 0, gathered when read (a Burn reparameterization).
 //! * [`launcher`]: runs one closure per rank on threads; the first failure stops every rank.
 
 pub mod autograd;
 pub mod comm;
 pub mod ddp;
+pub mod fsdp;
 pub mod launcher;
 pub mod mesh;
 pub mod registry;

@@ -31,8 +31,12 @@ pub trait CollectiveOps: Backend {
 }
 
 fn op<const D: usize>(x: Tensor<D>, fwd: Prim, bwd: Prim, dim: usize, g: &GroupHandle) -> Tensor<D> {
+    op_on(x, fwd, bwd, dim, g.id())
+}
+
+fn op_on<const D: usize>(x: Tensor<D>, fwd: Prim, bwd: Prim, dim: usize, group: u64) -> Tensor<D> {
     assert!(dim < D, "collective along dim {dim} of a {D}-d tensor");
-    Tensor::from_dispatch(Dispatch::dist_collective(x.into_dispatch(), fwd as u32, bwd as u32, dim, g.id()))
+    Tensor::from_dispatch(Dispatch::dist_collective(x.into_dispatch(), fwd as u32, bwd as u32, dim, group))
 }
 
 /// Megatron's f: identity forward, all-reduce of the gradient.
@@ -63,7 +67,12 @@ pub fn reduce_scatter_to_group<const D: usize>(x: Tensor<D>, dim: usize, g: &Gro
 
 /// FSDP's parameter op: all-gather the dim-0 shards forward, reduce-scatter the gradient.
 pub fn fsdp_all_gather<const D: usize>(shard: Tensor<D>, g: &GroupHandle) -> Tensor<D> {
-    op(shard, Prim::AllGather, Prim::ReduceScatter, 0, g)
+    fsdp_all_gather_on(shard, g.id())
+}
+
+/// [`fsdp_all_gather`] on a group named by its registry id (what a parameter can store).
+pub fn fsdp_all_gather_on<const D: usize>(shard: Tensor<D>, group: u64) -> Tensor<D> {
+    op_on(shard, Prim::AllGather, Prim::ReduceScatter, 0, group)
 }
 
 #[cfg(test)]
