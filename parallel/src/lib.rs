@@ -15,10 +15,12 @@ pub mod autograd;
 pub mod comm;
 pub mod ddp;
 pub mod fsdp;
+pub mod groups;
 pub mod launcher;
 pub mod mesh;
 pub mod registry;
 
 pub use comm::{CommError, CommExt, Communicator, DType, ReduceOp};
+pub use groups::DataParallelGroups;
 pub use launcher::{run_ranks, run_ranks_or_exit, under_mpi_launcher};
 pub use mesh::{Axis, Mesh, ParallelDims};

@@ -1,4 +1,4 @@
-//! Gradients across microbatches: accumulation and the global norm (over every parameter).
+//! Gradients across microbatches: accumulation, squared norms, the clipping coefficient.
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
@@ -42,11 +42,6 @@ pub fn squared_norms<M: Module>(model: &M, grads: &GradientsParams) -> Vec<f64> 
     let mut v = Sq { grads, out: Vec::new() };
     model.visit(&mut v);
     v.out
-}
-
-/// The global gradient norm.
-pub fn global_norm<M: Module>(model: &M, grads: &GradientsParams) -> f64 {
-    squared_norms(model, grads).iter().sum::<f64>().sqrt()
 }
 
 /// The factor that scales the gradient to `max_norm` (1 when within it or clipping is off),

@@ -135,7 +135,8 @@ impl MetricsLogger {
         let line = json!({
             "step": s.step, "loss": s.loss, "grad_norm": s.grad_norm, "lr": s.lr,
             "tokens_per_s": tps, "tflops": tflops, "mfu": mfu, "memory_gib": mem,
-            "peak_memory_gib": peak_mem, "step_time_s": s.seconds,
+            "peak_memory_gib": peak_mem, "step_time_s": s.seconds, "comm_time_s": s.comm_seconds,
+            "param_bytes": s.param_bytes, "optim_bytes": s.optim_bytes,
         });
         writeln!(self.jsonl, "{line}")?;
         self.window_tokens = 0;

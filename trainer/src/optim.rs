@@ -46,6 +46,11 @@ impl AdamW {
         self.step
     }
 
+    /// Bytes of optimizer state held (two moments per parameter element that has been updated).
+    pub fn state_bytes(&self) -> usize {
+        self.state.values().map(|m| (m.exp_avg.dims()[0] + m.exp_avg_sq.dims()[0]) * 4).sum()
+    }
+
     /// One update of every parameter that has a gradient. `grad_scale` multiplies the gradients
     /// first (global-norm clipping).
     pub fn step<M: Module>(&mut self, model: M, grads: GradientsParams, lr: f64, grad_scale: f64) -> M {

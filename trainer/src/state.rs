@@ -3,6 +3,8 @@
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::prelude::*;
 use titan_checkpoints::{HostTensor, TensorMap};
+use titan_parallel::fsdp::Sharding;
+use titan_parallel::{CommError, Communicator};
 
 #[derive(Default)]
 struct Path(Vec<String>);
@@ -111,4 +113,42 @@ pub fn load_model_tensors<M: Module>(
         ));
     }
     Ok(model)
+}
+
+/// Bytes of every parameter as stored on this rank (shards under FSDP).
+pub fn param_bytes<M: Module>(model: &M) -> usize {
+    param_shapes(model).iter().map(|(_, s)| s.iter().product::<usize>() * 4).sum()
+}
+
+/// Full tensors from this rank's shards (a collective over the shard group, in key order, so
+/// every rank issues the same calls). `path_of` maps a key to its parameter's path.
+pub fn unshard(
+    map: TensorMap,
+    sharding: &Sharding,
+    comm: &dyn Communicator,
+    path_of: fn(&str) -> &str,
+) -> Result<TensorMap, CommError> {
+    let mut out = TensorMap::new();
+    for (k, mut t) in map {
+        if let Some(l) = sharding.layout(path_of(&k)) {
+            t.data = l.unshard(&t.data, comm)?;
+            t.shape[0] = l.rows;
+        }
+        out.insert(k, t);
+    }
+    Ok(out)
+}
+
+/// This rank's shards of full tensors. A tensor whose rows do not match its parameter is left
+/// whole, for the loader to report with its path.
+pub fn shard(map: TensorMap, sharding: &Sharding, path_of: fn(&str) -> &str) -> TensorMap {
+    map.into_iter()
+        .map(|(k, t)| match sharding.layout(path_of(&k)) {
+            Some(l) if t.shape.first() == Some(&l.rows) => {
+                let (data, shape) = l.shard(&t.data, &t.shape);
+                (k, HostTensor { shape, data })
+            }
+            _ => (k, t),
+        })
+        .collect()
 }

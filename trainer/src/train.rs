@@ -3,10 +3,10 @@
 use crate::config::{to_toml, JobConfig};
 use crate::metrics::{measure_matmul_tflops, MetricsLogger};
 use crate::trainer::{RankContext, Trainer};
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use std::path::PathBuf;
 use std::time::Duration;
-use titan_parallel::{run_ranks_or_exit, Communicator};
+use titan_parallel::{run_ranks_or_exit, DataParallelGroups, ParallelDims};
 
 /// What a finished run reports.
 #[derive(Debug)]
@@ -16,59 +16,53 @@ pub struct Summary {
     pub final_val_loss: Option<f64>,
 }
 
-/// Trains with the configured layout: one rank, or `data_parallel_replicate_degree` data-parallel
-/// ranks — threads of this process, or one per process under `mpirun`. Rank `log_rank` prints and
-/// writes metrics; rank 0 writes checkpoints.
+/// Trains with the configured mesh: one rank, or `dp_replicate × dp_shard` data-parallel ranks
+/// (DDP, FSDP or HSDP) — threads of this process, or one per process under `mpirun`. Rank
+/// `log_rank` prints and writes metrics; rank 0 writes checkpoints.
 pub fn run(cfg: JobConfig, log_rank: usize, nproc: Option<usize>) -> Result<Summary> {
     if cfg.job.print_config {
         println!("{}", to_toml(&cfg));
     }
-    if let Some(n) = nproc {
-        check_world_size(&cfg, n)?;
-    }
-    let world = cfg.parallelism.data_parallel_replicate_degree as usize;
-    if log_rank >= world {
-        bail!("--log-rank {log_rank}: there are only {world} rank(s)");
-    }
     if titan_parallel::under_mpi_launcher() {
         return run_mpi(cfg, log_rank);
+    }
+    let dims = mesh(&cfg, nproc, "--nproc")?;
+    let world = dims.world_size;
+    if log_rank >= world {
+        bail!("--log-rank {log_rank}: there are only {world} rank(s)");
     }
     if world == 1 {
         return run_rank(cfg, RankContext::single(), log_rank);
     }
     let timeout = Duration::from_secs_f64(cfg.comm.timeout_seconds);
     let summaries = run_ranks_or_exit(world, timeout, Duration::from_secs(10), |comm| {
-        let ctx = RankContext { dp_rank: comm.rank(), dp_degree: world, dp: Some(Box::new(comm)) };
-        run_rank(cfg.clone(), ctx, log_rank)
+        let groups = DataParallelGroups::new(&comm, &dims)?;
+        run_rank(cfg.clone(), RankContext::new(groups), log_rank)
     })?;
     Ok(summaries.into_iter().nth(log_rank).expect("the logging rank"))
 }
 
-/// `--nproc N`: the mesh rules with world size N (`data_parallel_shard_degree = -1` takes the
-/// remaining ranks); the layout must be one this build trains.
-fn check_world_size(cfg: &JobConfig, n: usize) -> Result<()> {
-    let dims = cfg.parallelism.dims(Some(n)).map_err(|e| anyhow::anyhow!("--nproc {n}: {e}"))?;
-    if dims.dp_shard > 1 {
-        bail!(
-            "--nproc {n} gives `parallelism.data_parallel_shard_degree` = {} (FSDP), which is not supported yet; set `parallelism.data_parallel_replicate_degree` = {n} and `data_parallel_shard_degree` = 1 for data parallelism",
-            dims.dp_shard
-        );
-    }
-    Ok(())
+/// The mesh for `world` ranks (`None`: the product of the configured degrees); `what` names
+/// where the world size came from. `data_parallel_shard_degree = -1` takes the remaining ranks.
+fn mesh(cfg: &JobConfig, world: Option<usize>, what: &str) -> Result<ParallelDims> {
+    cfg.parallelism.dims(world).map_err(|e| match world {
+        Some(n) => anyhow!("{what} {n}: {e}"),
+        None => anyhow!("{e}"),
+    })
 }
 
-/// One rank per MPI process; the MPI world must be the data-parallel degree.
+/// One rank per MPI process; the MPI world must fit the mesh.
 #[cfg(feature = "mpi")]
 fn run_mpi(cfg: JobConfig, log_rank: usize) -> Result<Summary> {
+    use titan_parallel::Communicator;
     let timeout = Duration::from_secs_f64(cfg.comm.timeout_seconds);
     titan_parallel::launcher::run_mpi_rank(timeout, |comm| {
-        let (world, want) = (comm.size(), cfg.parallelism.data_parallel_replicate_degree as usize);
-        if world != want {
-            bail!("mpirun started {world} processes but `parallelism.data_parallel_replicate_degree` = {want}; set it to {world} or run mpirun -np {want}");
+        let dims = mesh(&cfg, Some(comm.size()), "mpirun -np")?;
+        if log_rank >= dims.world_size {
+            bail!("--log-rank {log_rank}: there are only {} rank(s)", dims.world_size);
         }
-        let rank = comm.rank();
-        let dp: Option<Box<dyn Communicator>> = if world > 1 { Some(Box::new(comm)) } else { None };
-        run_rank(cfg, RankContext { dp_rank: rank, dp_degree: world, dp }, log_rank)
+        let groups = DataParallelGroups::new(&comm, &dims)?;
+        run_rank(cfg, RankContext::new(groups), log_rank)
     })
 }
 
@@ -98,8 +92,9 @@ fn start_logging(t: &Trainer, dump: &std::path::Path, steps: u64) -> Result<Metr
     MetricsLogger::new(dump, cfg.metrics.log_freq as u64, t.step, steps, flops_per_token, peak)
 }
 
-/// One rank's training loop. Every rank runs the same steps; the logging rank prints, writes
-/// metrics and validates; data-parallel rank 0 writes the checkpoints.
+/// One rank's training loop. Every rank runs the same steps, validation and checkpoint calls
+/// (under FSDP they gather parameters together); the logging rank prints and writes metrics;
+/// data-parallel rank 0 writes the checkpoints.
 fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summary> {
     let dump = PathBuf::from(&cfg.job.dump_folder);
     let steps = cfg.training.steps as u64;
@@ -141,11 +136,13 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
         let step = s.step;
         if let Some(log) = log.as_mut() {
             log.step(&s)?;
-            if t.validation_enabled() && (step % cfg.validation.freq as u64 == 0 || step == steps) {
-                let (v, n) = t.validate()?;
+        }
+        if t.validation_enabled() && (step % cfg.validation.freq as u64 == 0 || step == steps) {
+            let (v, n) = t.validate()?;
+            if let Some(log) = log.as_mut() {
                 log.validation(step, v, n)?;
-                final_val = Some(v);
             }
+            final_val = Some(v);
         }
         if cfg.checkpoint.enable && (step % cfg.checkpoint.interval as u64 == 0 || step == steps) {
             if let (Some(dir), Some(log)) = (t.save_checkpoint()?, log.as_ref()) {

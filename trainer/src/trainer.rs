@@ -19,7 +19,9 @@ use titan_data::{tokenize_corpus, Batch, DataLoader, LoaderConfig, LoaderState, 
 use titan_models::loss::cross_entropy_sum;
 use titan_models::{ModelArgs, Transformer};
 use titan_parallel::ddp::{all_reduce_gradients, BUCKET_BYTES};
-use titan_parallel::{CommExt, Communicator, ReduceOp};
+use titan_parallel::fsdp::{fully_shard, Sharding};
+use titan_parallel::registry::{register, with_group, GroupHandle};
+use titan_parallel::{CommExt, Communicator, DataParallelGroups, ReduceOp};
 
 /// What one optimizer step did.
 #[derive(Debug, Clone, Serialize)]
@@ -30,6 +32,11 @@ pub struct StepStats {
     pub lr: f64,
     pub tokens: usize,
     pub seconds: f64,
+    /// Of `seconds`, the time spent inside collectives (including waiting for other ranks).
+    pub comm_seconds: f64,
+    /// This rank's parameter and optimizer-state bytes (shards under FSDP).
+    pub param_bytes: usize,
+    pub optim_bytes: usize,
 }
 
 /// Everything in a checkpoint besides tensors.
@@ -44,17 +51,32 @@ struct TrainState {
     flavor: String,
 }
 
-/// This rank's place in data parallelism.
+/// This rank's place in data parallelism. Groups are `None` where their axis has size 1.
 pub struct RankContext {
     pub dp_rank: usize,
     pub dp_degree: usize,
-    /// The data-parallel group (`None` on a single rank).
+    /// Every data-parallel rank (the loss sum).
     pub dp: Option<Box<dyn Communicator>>,
+    /// Ranks with the same parameters (DDP; HSDP across shard groups): gradient all-reduce.
+    pub replicate: Option<Box<dyn Communicator>>,
+    /// The FSDP shard group, registered for the differentiable collectives on this thread.
+    pub fsdp: Option<GroupHandle>,
 }
 
 impl RankContext {
     pub fn single() -> Self {
-        Self { dp_rank: 0, dp_degree: 1, dp: None }
+        Self::new(DataParallelGroups::single())
+    }
+
+    /// Must be called on the rank's own thread (the FSDP group is registered there).
+    pub fn new(g: DataParallelGroups) -> Self {
+        Self {
+            dp_rank: g.dp_rank,
+            dp_degree: g.dp_degree,
+            dp: g.dp,
+            replicate: g.replicate,
+            fsdp: g.shard.map(register),
+        }
     }
 }
 
@@ -70,6 +92,8 @@ pub struct Trainer {
     pub tokenizer: Tokenizer,
     /// Steps completed.
     pub step: u64,
+    /// How the parameters are split over the FSDP group (`None` without FSDP).
+    pub sharding: Option<Sharding>,
     val_batches: Vec<Batch>,
     checkpoints: CheckpointFolder,
 }
@@ -77,6 +101,22 @@ pub struct Trainer {
 /// The model a config describes, lazily initialised from `seed` on `device`.
 pub fn build_model(cfg: &JobConfig, args: &ModelArgs, seed: u64, device: &Device) -> Transformer {
     Transformer::new(args, seed, device).with_fused_attention(cfg.model.attention == "fused")
+}
+
+/// Applies this rank's parallelisms to a full model (FSDP: shard every parameter).
+fn parallelize(model: Transformer, rank: &RankContext) -> (Transformer, Option<Sharding>) {
+    match &rank.fsdp {
+        Some(g) => {
+            let (m, s) = fully_shard(model, g);
+            (m, Some(s))
+        }
+        None => (model, None),
+    }
+}
+
+/// The parameter path of an optimizer-state key (`exp_avg.<path>`).
+fn state_param_path(key: &str) -> &str {
+    key.split_once('.').map_or(key, |(_, p)| p)
 }
 
 pub fn to_tensor_2d(v: &[i64], b: usize, t: usize, device: &Device) -> Tensor<2, Int> {
@@ -128,7 +168,7 @@ impl Trainer {
         } else {
             Vec::new()
         };
-        let model = build_model(&cfg, &args, cfg.training.seed as u64, &device);
+        let (model, sharding) = parallelize(build_model(&cfg, &args, cfg.training.seed as u64, &device), &rank);
         let checkpoints = CheckpointFolder::new(PathBuf::from(&cfg.job.dump_folder).join(&cfg.checkpoint.folder));
         let mut t = Self {
             optim: AdamW::new(AdamWConfig::from_config(&cfg.optimizer)),
@@ -139,6 +179,7 @@ impl Trainer {
             loader,
             tokenizer,
             step: 0,
+            sharding,
             val_batches,
             checkpoints,
             cfg,
@@ -158,6 +199,7 @@ impl Trainer {
     /// One optimizer step over the next global batch (accumulating microbatches).
     pub fn train_step(&mut self) -> Result<StepStats> {
         let start = Instant::now();
+        titan_parallel::comm::timing::take_seconds();
         let step = self.step + 1;
         let lr = self.schedule.lr(step);
         let microbatches = self.loader.next_step();
@@ -178,13 +220,16 @@ impl Trainer {
             let g = GradientsParams::from_grads(loss.backward(), &self.model);
             grads::accumulate(&self.model, &mut acc, g);
         }
+        // FSDP gradients were reduce-scattered in backward; replicas still sum theirs.
+        if let Some(replicate) = &self.rank.replicate {
+            all_reduce_gradients(&self.model, &mut acc, replicate.as_ref(), BUCKET_BYTES)?;
+        }
         if let Some(dp) = &self.rank.dp {
-            all_reduce_gradients(&self.model, &mut acc, dp.as_ref(), BUCKET_BYTES)?;
             let mut l = [loss_sum as f32];
             dp.all_reduce(&mut l, ReduceOp::Sum)?;
             loss_sum = l[0] as f64;
         }
-        let grad_norm = grads::global_norm(&self.model, &acc);
+        let grad_norm = self.grad_norm(&acc)?;
         if !loss_sum.is_finite() || !grad_norm.is_finite() {
             let last = self.checkpoints.latest().ok().flatten();
             bail!(
@@ -205,7 +250,21 @@ impl Trainer {
             lr,
             tokens: local_tokens,
             seconds: start.elapsed().as_secs_f64(),
+            comm_seconds: titan_parallel::comm::timing::take_seconds(),
+            param_bytes: state::param_bytes(&self.model),
+            optim_bytes: self.optim.state_bytes(),
         })
+    }
+
+    /// The norm of the whole gradient: under FSDP each rank holds disjoint rows (padding is
+    /// zero), so the squared norms of the shards are summed over the shard group; replicas hold
+    /// the same values and are not counted twice.
+    fn grad_norm(&self, acc: &GradientsParams) -> Result<f64> {
+        let local: f64 = grads::squared_norms(&self.model, acc).iter().sum();
+        let Some(g) = &self.rank.fsdp else { return Ok(local.sqrt()) };
+        let mut parts = vec![0f32; g.size()];
+        with_group(g.id(), |c| c.all_gather(&[local as f32], &mut parts))?;
+        Ok(parts.iter().map(|&p| p as f64).sum::<f64>().sqrt())
     }
 
     pub fn validation_enabled(&self) -> bool {
@@ -226,16 +285,24 @@ impl Trainer {
         Ok((sum / n as f64, n))
     }
 
-    /// Writes `step-N/` atomically and prunes old checkpoints. Replicas hold identical state, so
-    /// only data-parallel rank 0 writes (`None` on the others).
+    /// Writes `step-N/` atomically and prunes old checkpoints. Every rank must call it: FSDP
+    /// shards are gathered into full tensors (so a checkpoint does not depend on the layout);
+    /// replicas then hold identical state, and only data-parallel rank 0 writes (`None` on the
+    /// others).
     pub fn save_checkpoint(&self) -> Result<Option<PathBuf>> {
+        let (mut model_t, mut optim_t) = (state::model_to_tensors(&self.model), self.optim.state_dict(&self.model));
+        if let (Some(s), Some(g)) = (&self.sharding, &self.rank.fsdp) {
+            (model_t, optim_t) = with_group(g.id(), |c| -> Result<_> {
+                Ok((state::unshard(model_t, s, c, |k| k)?, state::unshard(optim_t, s, c, state_param_path)?))
+            })?;
+        }
         if self.rank.dp_rank != 0 {
             return Ok(None);
         }
         let meta =
             HashMap::from([("step".to_string(), self.step.to_string()), ("format".to_string(), "pt".to_string())]);
-        let model = save_tensors(&state::model_to_tensors(&self.model), meta.clone())?;
-        let optim = save_tensors(&self.optim.state_dict(&self.model), meta)?;
+        let model = save_tensors(&model_t, meta.clone())?;
+        let optim = save_tensors(&optim_t, meta)?;
         let ts = TrainState {
             step: self.step,
             optimizer_step: self.optim.step_count(),
@@ -278,12 +345,16 @@ impl Trainer {
         let mpath = r.path("model.safetensors");
         let (tensors, _) = load_tensors(&mpath, &r.read("model.safetensors")?)?;
         let fresh = build_model(&self.cfg, &self.args, 0, &self.device);
-        self.model =
+        let full =
             state::load_model_tensors(fresh, tensors, &self.device, &mpath.display().to_string()).map_err(|e| {
                 anyhow!("{e}; checkpoint flavor is {:?}, this config's is {:?}", ts.flavor, self.cfg.model.flavor)
             })?;
+        (self.model, self.sharding) = parallelize(full, &self.rank);
         let opath = r.path("optimizer.safetensors");
-        let (ot, _) = load_tensors(&opath, &r.read("optimizer.safetensors")?)?;
+        let (mut ot, _) = load_tensors(&opath, &r.read("optimizer.safetensors")?)?;
+        if let Some(s) = &self.sharding {
+            ot = state::shard(ot, s, state_param_path);
+        }
         self.optim
             .load_state_dict(&self.model, ts.optimizer_step, ot, &self.device.clone().without_autodiff())
             .map_err(|e| anyhow!("{}: {e}", opath.display()))?;

@@ -9,6 +9,7 @@ mod local;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod reduce;
+pub mod timing;
 
 pub use local::{LocalComm, LocalWorld};
 #[cfg(feature = "mpi")]

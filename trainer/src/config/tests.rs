@@ -90,14 +90,17 @@ fn parallel_degrees_other_than_one_are_not_supported_yet() {
         e.contains("`parallelism.tensor_parallel_degree` = 2 is not supported yet") && e.contains("set it to 1"),
         "{e}"
     );
-    let e = err("", &[("parallelism.data_parallel_shard_degree", "4")]);
-    assert!(e.contains("data_parallel_shard_degree` = 4 is not supported yet"), "{e}");
+    let e = err("", &[("parallelism.fsdp_reshard_after_forward", "always")]);
+    assert!(
+        e.contains("`parallelism.fsdp_reshard_after_forward` = \"always\" is not supported") && e.contains("\"never\""),
+        "{e}"
+    );
     // DDP is supported; the global batch must split evenly over the replicas.
     let e = err(
         "[training]\nlocal_batch_size = 4\nglobal_batch_size = 12\n[parallelism]\ndata_parallel_replicate_degree = 2\n",
         &[],
     );
-    assert!(e.contains("multiple of local_batch_size × data_parallel_replicate_degree = 8"), "{e}");
+    assert!(e.contains("data_parallel_replicate_degree × data_parallel_shard_degree = 8"), "{e}");
 }
 
 #[test]

@@ -19,7 +19,7 @@ fn positive(errors: &mut Vec<String>, key: &str, value: i64) {
 fn not_yet(errors: &mut Vec<String>, key: &str, value: i64, ok: &[i64]) {
     if !ok.contains(&value) {
         errors.push(format!(
-            "`{key}` = {value} is not supported yet: this build trains with data parallelism (`parallelism.data_parallel_replicate_degree`) only; set it to {}",
+            "`{key}` = {value} is not supported yet: this build trains with data parallelism only (`parallelism.data_parallel_replicate_degree` for DDP, `data_parallel_shard_degree` for FSDP, both for HSDP); set it to {}",
             ok[0]
         ));
     }
@@ -68,10 +68,12 @@ pub fn validate(c: &JobConfig) -> Result<()> {
             t.global_batch_size, t.local_batch_size, t.local_batch_size * 2
         ));
     }
-    let per_step = t.local_batch_size.max(1) * c.parallelism.data_parallel_replicate_degree.max(1);
+    let pd = &c.parallelism;
+    let per_step =
+        t.local_batch_size.max(1) * pd.data_parallel_replicate_degree.max(1) * pd.data_parallel_shard_degree.max(1);
     if t.global_batch_size != -1 && t.global_batch_size > 0 && t.global_batch_size % per_step != 0 {
         e.push(format!(
-            "`training.global_batch_size` = {} must be a multiple of local_batch_size × data_parallel_replicate_degree = {per_step}",
+            "`training.global_batch_size` = {} must be a multiple of local_batch_size × data_parallel_replicate_degree × data_parallel_shard_degree = {per_step}",
             t.global_batch_size
         ));
     }
@@ -91,17 +93,17 @@ pub fn validate(c: &JobConfig) -> Result<()> {
         ));
     }
     let p = &c.parallelism;
-    not_yet(&mut e, "parallelism.data_parallel_shard_degree", p.data_parallel_shard_degree, &[1, -1]);
     not_yet(&mut e, "parallelism.tensor_parallel_degree", p.tensor_parallel_degree, &[1]);
     not_yet(&mut e, "parallelism.pipeline_parallel_degree", p.pipeline_parallel_degree, &[1]);
     not_yet(&mut e, "parallelism.context_parallel_degree", p.context_parallel_degree, &[1]);
     not_yet(&mut e, "parallelism.expert_parallel_degree", p.expert_parallel_degree, &[1]);
-    one_of(
-        &mut e,
-        "parallelism.fsdp_reshard_after_forward",
-        &p.fsdp_reshard_after_forward,
-        &["default", "always", "never"],
-    );
+    if p.fsdp_reshard_after_forward == "always" {
+        e.push(
+            "`parallelism.fsdp_reshard_after_forward` = \"always\" is not supported: Burn's autodiff keeps each gathered parameter for its backward, so parameters stay gathered from forward to backward; use \"never\" (or \"default\", which means \"never\" here)".into(),
+        );
+    } else {
+        one_of(&mut e, "parallelism.fsdp_reshard_after_forward", &p.fsdp_reshard_after_forward, &["default", "never"]);
+    }
     one_of(
         &mut e,
         "parallelism.pipeline_parallel_schedule",

@@ -1,0 +1,22 @@
+//! Time spent inside collectives, per thread (each rank is a thread or a process), so a step can
+//! report its communication share. Includes waiting for the other ranks to arrive.
+
+use std::cell::Cell;
+use std::time::Instant;
+
+thread_local! {
+    static SECONDS: Cell<f64> = const { Cell::new(0.0) };
+}
+
+/// Runs `f`, adding its wall time to this thread's communication time.
+pub fn timed<R>(f: impl FnOnce() -> R) -> R {
+    let start = Instant::now();
+    let r = f();
+    SECONDS.with(|s| s.set(s.get() + start.elapsed().as_secs_f64()));
+    r
+}
+
+/// This thread's communication time since the last call, in seconds.
+pub fn take_seconds() -> f64 {
+    SECONDS.with(|s| s.replace(0.0))
+}

@@ -1,0 +1,41 @@
+//! The communicators one rank needs for data parallelism, cut from the world along the mesh.
+
+use crate::comm::{CommResult, Communicator};
+use crate::mesh::{Axis, ParallelDims};
+
+/// This rank's data-parallel position and groups; a group is `None` where its axis has size 1.
+pub struct DataParallelGroups {
+    /// Index among all data-parallel ranks (`dp_replicate × dp_shard`): which data this rank reads.
+    pub dp_rank: usize,
+    pub dp_degree: usize,
+    /// Every data-parallel rank: the loss sum.
+    pub dp: Option<Box<dyn Communicator>>,
+    /// Ranks holding the same shards (DDP, and HSDP across shard groups): gradient all-reduce.
+    pub replicate: Option<Box<dyn Communicator>>,
+    /// The FSDP shard group: parameter all-gather, gradient reduce-scatter.
+    pub shard: Option<Box<dyn Communicator>>,
+}
+
+impl DataParallelGroups {
+    pub fn single() -> Self {
+        Self { dp_rank: 0, dp_degree: 1, dp: None, replicate: None, shard: None }
+    }
+
+    /// Cuts this rank's groups from `world` (every rank of `world` must call this at the same
+    /// point, as sub-group creation is collective under MPI).
+    pub fn new(world: &dyn Communicator, dims: &ParallelDims) -> CommResult<Self> {
+        let mesh = dims.mesh();
+        let rank = world.rank();
+        let cut = |axis: Axis, size: usize| -> CommResult<Option<Box<dyn Communicator>>> {
+            if size > 1 {
+                world.sub_group(&mesh.group(axis, rank)).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let dp = cut(Axis::Dp, dims.dp())?;
+        let replicate = cut(Axis::DpReplicate, dims.dp_replicate)?;
+        let shard = cut(Axis::Fsdp, dims.dp_shard)?;
+        Ok(Self { dp_rank: mesh.coords(rank).dp_rank(dims), dp_degree: dims.dp(), dp, replicate, shard })
+    }
+}
