@@ -137,9 +137,10 @@ fn nproc_is_checked_against_the_mesh() {
         "1",
     ]);
     assert_clean_error(&o, &["--nproc 3: invalid parallel dims", "!= world size 3"]);
-    let o = with(&["--nproc", "4"]);
-    assert_clean_error(
-        &o,
-        &["--nproc 4 gives `parallelism.data_parallel_shard_degree` = 4 (FSDP)", "not supported yet"],
-    );
+    let o = with(&["--nproc", "6", "--parallelism.data_parallel_replicate_degree", "4"]);
+    assert_clean_error(&o, &["--nproc 6: `parallelism.data_parallel_shard_degree` = -1 needs the world size 6"]);
+    // A shard degree of -1 takes the ranks --nproc gives: FSDP over 2 ranks.
+    let d = tempfile::tempdir().unwrap();
+    let o = run(&tiny_args(d.path(), 1), &["--nproc", "2", "--parallelism.data_parallel_shard_degree", "-1"]);
+    assert!(assert_ok(&o).contains("on 2 data-parallel rank(s)"));
 }

@@ -47,23 +47,34 @@ fn mpi_mismatch_failure_and_hang_end_every_process_with_the_error() {
     assert_fails_fast(&o, t, "collective timed out: rank 0 waited 2.0s in barrier");
 }
 
-/// DDP as two MPI processes gives exactly the losses of the two-thread run: both backends use the
-/// same exchange and rank-order reduction.
+/// DDP and FSDP as two MPI processes give exactly the losses of the two-thread runs: both
+/// backends use the same exchange and rank-order reduction. The FSDP run is checkpointed at step
+/// 3 and resumed by a second `mpirun`, and still matches bit for bit.
 #[test]
-fn ddp_under_mpirun_equals_the_threads_run_bit_for_bit() {
+fn data_parallel_under_mpirun_equals_the_threads_run_bit_for_bit() {
     let d = tempfile::tempdir().unwrap();
-    let (threads, procs) = (d.path().join("threads"), d.path().join("mpi"));
-    let dp = ["--parallelism.data_parallel_replicate_degree", "2", "--training.local_batch_size", "2"];
-    assert_ok(&run(&tiny_args(&threads, 5), &dp));
-    let args = tiny_args(&procs, 5);
-    let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
-    all.extend_from_slice(&dp);
-    let out = assert_ok(&mpirun(2, &all));
-    assert!(out.contains("on 2 data-parallel rank(s)"), "{out}");
-    assert_eq!(losses(&threads), losses(&procs));
-    assert_eq!(losses(&procs).len(), 5);
-    let o = mpirun(2, &["train", "--config", "configs/llama_debug.toml"]);
+    let ddp = ["--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data_parallel_shard_degree", "1"];
+    let fsdp = ["--parallelism.data_parallel_replicate_degree", "1", "--parallelism.data_parallel_shard_degree", "2"];
+    for (name, layout) in [("ddp", ddp), ("fsdp", fsdp)] {
+        let (threads, procs) = (d.path().join(format!("{name}-threads")), d.path().join(format!("{name}-mpi")));
+        let mut dp = layout.to_vec();
+        dp.extend_from_slice(&["--training.local_batch_size", "2"]);
+        assert_ok(&run(&tiny_args(&threads, 5), &dp));
+        let args = tiny_args(&procs, 5);
+        let mut all: Vec<&str> = args.iter().map(String::as_str).chain(dp.iter().copied()).collect();
+        if name == "fsdp" {
+            all.extend_from_slice(&["--checkpoint.enable", "true", "--checkpoint.interval", "3"]);
+            let mut first = all.clone();
+            first.extend_from_slice(&["--debug.stop_at_step", "3"]);
+            assert_ok(&mpirun(2, &first));
+        }
+        let out = assert_ok(&mpirun(2, &all));
+        assert!(out.contains("on 2 data-parallel rank(s)"), "{out}");
+        assert_eq!(losses(&threads), losses(&procs), "{name}");
+        assert_eq!(losses(&procs).len(), 5, "{name}");
+    }
+    let o =
+        mpirun(2, &["train", "--config", "configs/llama_debug.toml", "--parallelism.data_parallel_shard_degree", "1"]);
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr)
-        .contains("mpirun started 2 processes but `parallelism.data_parallel_replicate_degree` = 1"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("mpirun -np 2: invalid parallel dims"));
 }

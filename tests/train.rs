@@ -165,49 +165,160 @@ fn metric_values(dump: &std::path::Path) -> Vec<(f64, f64)> {
     losses(dump).into_iter().map(|(_, l, g)| (l.parse().unwrap(), g.parse().unwrap())).collect()
 }
 
-/// DDP over threads: the same global batch split over 2 or 4 replicas (with and without
-/// accumulation) gives the single-rank losses and gradient norms. Tolerance 1e-5 relative: the
-/// only difference is the order of float sums (per-rank partial sums, then the all-reduce);
-/// measured ≈ 1e-7.
-#[test]
-fn data_parallel_replicas_match_the_single_rank_run() {
-    let d = tempfile::tempdir().unwrap();
-    let run_layout = |name: &str, dp: usize, local: usize| {
-        let dump = d.path().join(name);
-        let (dp, local) = (dp.to_string(), local.to_string());
-        let extra = [
-            "--parallelism.data_parallel_replicate_degree",
-            dp.as_str(),
-            "--training.local_batch_size",
-            local.as_str(),
-            "--training.global_batch_size",
-            "8",
-        ];
-        assert_ok(&run(&tiny_args(&dump, 6), &extra));
-        metric_values(&dump)
-    };
-    let single = run_layout("single", 1, 8);
-    assert_eq!(single.len(), 6);
-    for (name, dp, local) in [("dp2", 2, 4), ("dp4", 4, 2), ("dp2-accum", 2, 2)] {
-        let got = run_layout(name, dp, local);
-        assert_eq!(got.len(), 6, "{name}");
-        for (step, ((l1, g1), (l2, g2))) in single.iter().zip(&got).enumerate() {
-            assert!((l1 - l2).abs() <= 1e-5 * l1.abs(), "{name} step {}: loss {l2} vs {l1}", step + 1);
-            assert!((g1 - g2).abs() <= 1e-5 * g1.abs(), "{name} step {}: grad norm {g2} vs {g1}", step + 1);
-        }
+/// Runs the tiny job with `[replicate, shard]` data-parallel ranks and `local` samples per
+/// microbatch (global batch 8); returns (loss, grad norm) per step.
+fn dp_layout(dump: &std::path::Path, replicate: usize, shard: usize, local: usize, steps: u32) -> Vec<(f64, f64)> {
+    let (r, s, l) = (replicate.to_string(), shard.to_string(), local.to_string());
+    let extra = [
+        "--parallelism.data_parallel_replicate_degree",
+        r.as_str(),
+        "--parallelism.data_parallel_shard_degree",
+        s.as_str(),
+        "--training.local_batch_size",
+        l.as_str(),
+        "--training.global_batch_size",
+        "8",
+    ];
+    assert_ok(&run(&tiny_args(dump, steps), &extra));
+    metric_values(dump)
+}
+
+/// Asserts per-step loss and grad norm within `tol` relative of the reference.
+fn assert_matches(name: &str, want: &[(f64, f64)], got: &[(f64, f64)], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{name}: steps");
+    for (step, ((l1, g1), (l2, g2))) in want.iter().zip(got).enumerate() {
+        assert!((l1 - l2).abs() <= tol * l1.abs(), "{name} step {}: loss {l2} vs {l1}", step + 1);
+        assert!((g1 - g2).abs() <= tol * g1.abs(), "{name} step {}: grad norm {g2} vs {g1}", step + 1);
     }
 }
 
+/// DDP, FSDP and HSDP over threads: the same global batch split over the data-parallel ranks
+/// (with and without accumulation; tiny's dim-0 sizes include 2 kv heads × 16 = 32 rows and a
+/// 4-row-per-shard vocabulary, and the 3-rank layout shards unevenly) gives the single-rank
+/// losses and gradient norms. Tolerance 1e-5 relative: the only differences are the order of
+/// float sums (per-rank partial sums, then the reduction); measured ≈ 1e-7.
+#[test]
+fn data_parallel_layouts_match_the_single_rank_run() {
+    let d = tempfile::tempdir().unwrap();
+    let single = dp_layout(&d.path().join("single"), 1, 1, 8, 6);
+    assert_eq!(single.len(), 6);
+    for (replicate, shard, local) in [(2, 1, 4), (4, 1, 2), (2, 1, 2), (1, 2, 4), (1, 4, 2), (1, 2, 2), (2, 2, 2)] {
+        let name = format!("replicate{replicate}-shard{shard}-local{local}");
+        let got = dp_layout(&d.path().join(&name), replicate, shard, local, 6);
+        assert_matches(&name, &single, &got, 1e-5);
+    }
+}
+
+/// FSDP with a dim-0 that does not split evenly: 3 shards of a model whose every parameter has
+/// a dim 0 that 3 does not divide. Batch 6 = 3 ranks × 2.
+#[test]
+fn fsdp_pads_uneven_shards_and_matches_the_single_rank_run() {
+    let d = tempfile::tempdir().unwrap();
+    let go = |name: &str, shard: &str, local: &str| {
+        let dump = d.path().join(name);
+        let extra = [
+            "--parallelism.data_parallel_shard_degree",
+            shard,
+            "--training.local_batch_size",
+            local,
+            "--training.global_batch_size",
+            "6",
+        ];
+        assert_ok(&run(&tiny_args(&dump, 4), &extra));
+        metric_values(&dump)
+    };
+    let single = go("single", "1", "6");
+    assert_matches("shard3", &single, &go("shard3", "3", "2"), 1e-5);
+}
+
+/// Per-rank parameter + AdamW state bytes under FSDP: exactly 1/N of the single-rank bytes when
+/// N divides every dim 0 (tiny: all dim-0 sizes are multiples of 4).
+#[test]
+fn fsdp_state_bytes_per_rank_shrink_as_one_over_n() {
+    let d = tempfile::tempdir().unwrap();
+    let bytes: Vec<(u64, u64)> = [1, 2, 4]
+        .iter()
+        .map(|&n| {
+            let dump = d.path().join(format!("shard{n}"));
+            let local = (8 / n).to_string();
+            let n = n.to_string();
+            let extra = [
+                "--parallelism.data_parallel_shard_degree",
+                n.as_str(),
+                "--training.local_batch_size",
+                local.as_str(),
+                "--training.global_batch_size",
+                "8",
+            ];
+            assert_ok(&run(&tiny_args(&dump, 1), &extra));
+            let m = std::fs::read_to_string(dump.join("metrics.jsonl")).unwrap();
+            let v: serde_json::Value = serde_json::from_str(m.lines().next().unwrap()).unwrap();
+            (v["param_bytes"].as_u64().unwrap(), v["optim_bytes"].as_u64().unwrap())
+        })
+        .collect();
+    let (p1, o1) = bytes[0];
+    assert!(p1 > 100_000 && o1 == 2 * p1, "{bytes:?}");
+    for (i, n) in [(1, 2), (2, 4)] {
+        assert_eq!(bytes[i], (p1 / n, o1 / n), "shard {n}: {bytes:?}");
+    }
+}
+
+/// Resume under DDP, FSDP and HSDP (same layout) equals the uninterrupted run bit for bit.
 #[test]
 fn data_parallel_resume_is_bit_exact() {
     let d = tempfile::tempdir().unwrap();
-    let (straight, resumed) = (d.path().join("straight"), d.path().join("resumed"));
-    let dp = ["--parallelism.data_parallel_replicate_degree", "2", "--training.local_batch_size", "2"];
-    assert_ok(&run(&tiny_args(&straight, 8), &dp));
-    let ck: Vec<&str> =
-        dp.iter().copied().chain(["--checkpoint.enable", "true", "--checkpoint.interval", "4"]).collect();
-    let first: Vec<&str> = ck.iter().copied().chain(["--debug.stop_at_step", "4"]).collect();
-    assert_ok(&run(&tiny_args(&resumed, 8), &first));
-    assert_ok(&run(&tiny_args(&resumed, 8), &ck));
-    assert_eq!(losses(&straight), losses(&resumed));
+    for (name, replicate, shard) in [("ddp", "2", "1"), ("fsdp", "1", "2"), ("hsdp", "2", "2")] {
+        let (straight, resumed) = (d.path().join(format!("{name}-straight")), d.path().join(format!("{name}-resumed")));
+        let dp = [
+            "--parallelism.data_parallel_replicate_degree",
+            replicate,
+            "--parallelism.data_parallel_shard_degree",
+            shard,
+            "--training.local_batch_size",
+            "1",
+        ];
+        assert_ok(&run(&tiny_args(&straight, 8), &dp));
+        let ck: Vec<&str> =
+            dp.iter().copied().chain(["--checkpoint.enable", "true", "--checkpoint.interval", "4"]).collect();
+        let first: Vec<&str> = ck.iter().copied().chain(["--debug.stop_at_step", "4"]).collect();
+        assert_ok(&run(&tiny_args(&resumed, 8), &first));
+        assert_ok(&run(&tiny_args(&resumed, 8), &ck));
+        assert_eq!(losses(&straight), losses(&resumed), "{name}");
+    }
+}
+
+/// Checkpoints hold full tensors, so a run checkpointed under FSDP 4 resumes on one rank, and
+/// one checkpointed on one rank resumes under HSDP 2×2 (the same global batch): the steps after
+/// the resume match the uninterrupted run within 1e-5 relative (the layouts sum in different
+/// orders, so not bit for bit).
+#[test]
+fn checkpoints_reshard_across_data_parallel_layouts() {
+    let d = tempfile::tempdir().unwrap();
+    let layout = |r: &'static str, s: &'static str, local: &'static str| {
+        vec![
+            "--parallelism.data_parallel_replicate_degree",
+            r,
+            "--parallelism.data_parallel_shard_degree",
+            s,
+            "--training.local_batch_size",
+            local,
+            "--training.global_batch_size",
+            "8",
+        ]
+    };
+    let straight = d.path().join("straight");
+    assert_ok(&run(&tiny_args(&straight, 8), &layout("1", "1", "8")));
+    let want = metric_values(&straight);
+    for (name, before, after) in [
+        ("fsdp4-to-single", layout("1", "4", "2"), layout("1", "1", "8")),
+        ("single-to-hsdp", layout("1", "1", "8"), layout("2", "2", "2")),
+    ] {
+        let dump = d.path().join(name);
+        let ck = ["--checkpoint.enable", "true", "--checkpoint.interval", "4"];
+        let first: Vec<&str> = before.iter().copied().chain(ck).chain(["--debug.stop_at_step", "4"]).collect();
+        assert_ok(&run(&tiny_args(&dump, 8), &first));
+        let second: Vec<&str> = after.iter().copied().chain(ck).collect();
+        assert_ok(&run(&tiny_args(&dump, 8), &second));
+        assert_matches(name, &want, &metric_values(&dump), 1e-5);
+    }
 }

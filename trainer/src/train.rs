@@ -80,10 +80,12 @@ fn start_logging(t: &Trainer, dump: &std::path::Path, steps: u64) -> Result<Metr
         measure_matmul_tflops(&t.device.clone().without_autodiff())
     };
     let dp = t.rank.dp_degree;
+    let shard = t.rank.fsdp.as_ref().map_or(1, |g| g.size());
     println!(
-        "training steps {}..={steps}: {} tokens/step on {dp} data-parallel rank(s), {} microbatch(es) of {}×{} per rank, peak {peak:.3} TFLOP/s for MFU",
+        "training steps {}..={steps}: {} tokens/step on {dp} data-parallel rank(s) (replicate {} × shard {shard}), {} microbatch(es) of {}×{} per rank, peak {peak:.3} TFLOP/s for MFU",
         t.step + 1,
         t.tokens_per_step(),
+        dp / shard,
         cfg.global_batch_size(dp) / (cfg.training.local_batch_size as usize * dp),
         cfg.training.local_batch_size,
         cfg.training.seq_len
