@@ -144,3 +144,31 @@ fn nproc_is_checked_against_the_mesh() {
     let o = run(&tiny_args(d.path(), 1), &["--nproc", "2", "--parallelism.data_parallel_shard_degree", "-1"]);
     assert!(assert_ok(&o).contains("on 2 data-parallel rank(s)"));
 }
+
+#[test]
+fn bench_train_reports_throughput_and_comm_share_on_a_mesh() {
+    let out = assert_ok(&titan(&[
+        "bench",
+        "train",
+        "--config",
+        "configs/llama_debug.toml",
+        "--model.flavor",
+        "tiny",
+        "--training.seq_len",
+        "32",
+        "--training.local_batch_size",
+        "2",
+        "--parallelism.data_parallel_shard_degree",
+        "2",
+        "--warmup",
+        "1",
+        "--steps",
+        "2",
+    ]));
+    let row =
+        out.lines().find(|l| l.starts_with("| tiny | 2 (replicate 1 × shard 2) |")).unwrap_or_else(|| panic!("{out}"));
+    let cols: Vec<&str> = row.split('|').map(str::trim).collect();
+    let tps: f64 = cols[5].parse().unwrap();
+    let comm: f64 = cols[6].trim_end_matches('%').parse().unwrap();
+    assert!(tps > 0.0 && comm > 0.0 && comm < 100.0, "{row}");
+}

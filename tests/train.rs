@@ -193,8 +193,7 @@ fn assert_matches(name: &str, want: &[(f64, f64)], got: &[(f64, f64)], tol: f64)
 }
 
 /// DDP, FSDP and HSDP over threads: the same global batch split over the data-parallel ranks
-/// (with and without accumulation; tiny's dim-0 sizes include 2 kv heads × 16 = 32 rows and a
-/// 4-row-per-shard vocabulary, and the 3-rank layout shards unevenly) gives the single-rank
+/// (with and without accumulation; tiny's dim-0 sizes are 64, 256 and 2048) gives the single-rank
 /// losses and gradient norms. Tolerance 1e-5 relative: the only differences are the order of
 /// float sums (per-rank partial sums, then the reduction); measured ≈ 1e-7.
 #[test]

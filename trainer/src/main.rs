@@ -195,16 +195,24 @@ fn run(cli: Cli) -> Result<()> {
             }
             set_threads(&cfg)?;
             let (flavor, b, t) = (cfg.model.flavor.clone(), cfg.training.local_batch_size, cfg.training.seq_len);
+            let p = &cfg.parallelism;
+            let layout = format!(
+                "replicate {} × shard {}",
+                p.data_parallel_replicate_degree,
+                p.dims(None).map(|d| d.dp_shard).unwrap_or(1)
+            );
             let r = bench::bench(cfg, warmup, steps.max(1))?;
             println!(
-                "| model | batch×seq | step (s) | tokens/s | MFU | peak TFLOP/s | vs PyTorch eager ≈{} tok/s |",
+                "| model | ranks | batch×seq per rank | step (s) | tokens/s (all ranks) | comm share | MFU | peak TFLOP/s | vs PyTorch eager ≈{} tok/s |",
                 bench::PYTORCH_REFERENCE_TPS
             );
-            println!("|---|---|---|---|---|---|---|");
+            println!("|---|---|---|---|---|---|---|---|---|");
             println!(
-                "| {flavor} | {b}×{t} | {:.3} | {:.0} | {:.2}% | {:.3} | {:.2}× |",
+                "| {flavor} | {} ({layout}) | {b}×{t} | {:.3} | {:.0} | {:.1}% | {:.2}% | {:.3} | {:.2}× |",
+                r.ranks,
                 r.step_seconds,
                 r.tokens_per_s,
+                100.0 * r.comm_share,
                 r.mfu,
                 r.peak_tflops,
                 r.tokens_per_s / bench::PYTORCH_REFERENCE_TPS
