@@ -5,6 +5,7 @@
 
 pub mod args;
 pub mod axes;
+pub mod hooks;
 pub mod init;
 pub mod layers;
 pub mod llama;
@@ -13,6 +14,7 @@ pub mod rope;
 
 pub use args::{ModelArgs, FLAVORS};
 pub use axes::{LogicalAxis, ParamSpec};
+pub use hooks::{ActivationHooks, Hooks};
 pub use llama::Transformer;
 
 #[cfg(test)]

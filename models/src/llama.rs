@@ -5,6 +5,7 @@
 
 use crate::args::ModelArgs;
 use crate::axes::{LogicalAxis, ParamSpec};
+use crate::hooks::Hooks;
 use crate::layers::{Embedding, Linear, RmsNorm};
 use crate::rope::RopeTables;
 use burn::module::{ModuleVisitor, Param};
@@ -21,8 +22,6 @@ pub struct Attention {
     pub wk: Linear,
     pub wv: Linear,
     pub wo: Linear,
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
     pub head_dim: usize,
     /// Use the fused kernel (`titan_kernels`) where the device has it.
     pub fused: bool,
@@ -37,20 +36,25 @@ impl Attention {
             wk: Linear::new(seed, &p("wk"), a.dim, a.n_kv_heads * hd, INIT_STD, device),
             wv: Linear::new(seed, &p("wv"), a.dim, a.n_kv_heads * hd, INIT_STD, device),
             wo: Linear::new(seed, &p("wo"), a.n_heads * hd, a.dim, out_std, device),
-            n_heads: a.n_heads,
-            n_kv_heads: a.n_kv_heads,
             head_dim: hd,
             fused: true,
         }
     }
 
-    pub fn forward(&self, x: Tensor<3>, rope: &RopeTables) -> Tensor<3> {
+    /// Head counts come from the projections' output widths, so a rank holding a slice of the
+    /// heads (tensor parallelism) runs the same code on its heads.
+    pub fn forward(&self, x: Tensor<3>, rope: &RopeTables, hooks: &Hooks) -> Tensor<3> {
+        let x = hooks.column_input(x);
         let [b, t, _] = x.dims();
-        let (nh, nkv, hd) = (self.n_heads, self.n_kv_heads, self.head_dim);
-        let heads = |y: Tensor<3>, n: usize| y.reshape([b, t, n, hd]).swap_dims(1, 2);
-        let q = rope.apply(heads(self.wq.forward(x.clone()), nh));
-        let k = rope.apply(heads(self.wk.forward(x.clone()), nkv));
-        let v = heads(self.wv.forward(x), nkv);
+        let hd = self.head_dim;
+        let heads = |y: Tensor<3>| {
+            let n = y.dims()[2] / hd;
+            y.reshape([b, t, n, hd]).swap_dims(1, 2)
+        };
+        let q = rope.apply(heads(self.wq.forward(x.clone())));
+        let k = rope.apply(heads(self.wk.forward(x.clone())));
+        let v = heads(self.wv.forward(x));
+        let (nh, nkv) = (q.dims()[1], k.dims()[1]);
         let o = if self.fused && supports_fused_attention(&q.device()) {
             causal_attention(q, k, v)
         } else {
@@ -58,7 +62,7 @@ impl Attention {
             let opts = AttentionModuleOptions { is_causal: true, ..Default::default() };
             attention(q, k, v, None, None, opts)
         };
-        self.wo.forward(o.swap_dims(1, 2).reshape([b, t, nh * hd]))
+        hooks.row_output(self.wo.forward(o.swap_dims(1, 2).reshape([b, t, nh * hd])))
     }
 }
 
@@ -90,9 +94,10 @@ impl FeedForward {
         }
     }
 
-    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+    pub fn forward(&self, x: Tensor<3>, hooks: &Hooks) -> Tensor<3> {
+        let x = hooks.column_input(x);
         let gate = burn::tensor::activation::silu(self.w1.forward(x.clone()));
-        self.w2.forward(gate * self.w3.forward(x))
+        hooks.row_output(self.w2.forward(gate * self.w3.forward(x)))
     }
 }
 
@@ -117,9 +122,9 @@ impl TransformerBlock {
         }
     }
 
-    pub fn forward(&self, x: Tensor<3>, rope: &RopeTables) -> Tensor<3> {
-        let h = x.clone() + self.attention.forward(self.attention_norm.forward(x), rope);
-        h.clone() + self.feed_forward.forward(self.ffn_norm.forward(h))
+    pub fn forward(&self, x: Tensor<3>, rope: &RopeTables, hooks: &Hooks) -> Tensor<3> {
+        let h = x.clone() + self.attention.forward(self.attention_norm.forward(x), rope, hooks);
+        h.clone() + self.feed_forward.forward(self.ffn_norm.forward(h), hooks)
     }
 }
 
@@ -131,6 +136,9 @@ pub struct Transformer {
     pub output: Linear,
     pub rope_theta: f64,
     pub head_dim: usize,
+    /// Where a parallelism moves activations (none for the plain model).
+    #[module(skip)]
+    pub hooks: Hooks,
 }
 
 impl Transformer {
@@ -144,6 +152,7 @@ impl Transformer {
             output: Linear::new(seed, "output", a.dim, a.vocab_size, (a.dim as f64).powf(-0.5), device),
             rope_theta: a.rope_theta,
             head_dim: a.head_dim(),
+            hooks: Hooks::default(),
         }
     }
 
@@ -155,16 +164,23 @@ impl Transformer {
         self
     }
 
-    /// Token ids `[B, T]` → logits `[B, T, vocab]`.
+    /// Installs a parallelism's activation hooks.
+    pub fn with_hooks(mut self, hooks: Hooks) -> Self {
+        self.hooks = hooks;
+        self
+    }
+
+    /// Token ids `[B, T]` → logits `[B, T, vocab]` (under tensor parallelism, this rank's slice
+    /// of the vocabulary: the full logits are never formed).
     pub fn forward(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
         let t = tokens.dims()[1];
         let device = tokens.device();
         let rope = RopeTables::new(self.rope_theta, self.head_dim, 0, t, &device);
-        let mut h = self.tok_embeddings.forward(tokens);
+        let mut h = self.hooks.embed(self.tok_embeddings.weight.val(), tokens);
         for layer in &self.layers {
-            h = layer.forward(h, &rope);
+            h = layer.forward(h, &rope, &self.hooks);
         }
-        self.output.forward(self.norm.forward(h))
+        self.output.forward(self.hooks.column_input(self.norm.forward(h)))
     }
 
     /// Every parameter with its module path, shape and logical axes, in visiting order.

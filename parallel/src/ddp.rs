@@ -18,12 +18,14 @@ struct HostGrad {
     data: Vec<f32>,
 }
 
-/// Sums every gradient of `model` in `grads` over `comm`, in buckets of about `bucket_bytes`.
+/// Sums the gradients in `grads` of the parameters of `model` that `which` selects over `comm`, in
+/// buckets of about `bucket_bytes`.
 pub fn all_reduce_gradients<M: Module>(
     model: &M,
     grads: &mut GradientsParams,
     comm: &dyn Communicator,
     bucket_bytes: usize,
+    which: &dyn Fn(ParamId) -> bool,
 ) -> CommResult<()> {
     if comm.size() == 1 {
         return Ok(());
@@ -32,9 +34,13 @@ pub fn all_reduce_gradients<M: Module>(
         grads: &'a mut GradientsParams,
         out: Vec<HostGrad>,
         device: Option<Device>,
+        which: &'a dyn Fn(ParamId) -> bool,
     }
     impl ModuleVisitor for Take<'_> {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            if !(self.which)(p.id) {
+                return;
+            }
             if let Some(g) = self.grads.remove::<D>(p.id) {
                 self.device.get_or_insert_with(|| g.device());
                 let dims = g.dims().to_vec();
@@ -43,7 +49,7 @@ pub fn all_reduce_gradients<M: Module>(
             }
         }
     }
-    let mut take = Take { grads, out: Vec::new(), device: None };
+    let mut take = Take { grads, out: Vec::new(), device: None, which };
     model.visit(&mut take);
     let (mut host, device) = (take.out, take.device);
     let Some(device) = device else { return Ok(()) };

@@ -113,14 +113,20 @@ impl Reparameterizer for FullyShard<'_> {
             let (device, shape) = (full.device(), full.dims().to_vec());
             let data = full.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 parameter");
             let (shard, shard_shape) = layout.shard(&data, &shape);
-            let t = Tensor::<D>::from_data(TensorData::new(shard, shard_shape), &device);
-            if device.is_autodiff() {
-                t.require_grad()
-            } else {
-                t
-            }
+            leaf(Tensor::<D>::from_data(TensorData::new(shard, shard_shape), &device))
         });
         (sharded, Some(FsdpParam { group: self.group, rows }))
+    }
+}
+
+/// `t` as a new trainable leaf (its own values, no graph history).
+pub(crate) fn leaf<const D: usize>(t: Tensor<D>) -> Tensor<D> {
+    let device = t.device();
+    let t = Tensor::<D>::from_data(t.into_data(), &device);
+    if device.is_autodiff() {
+        t.require_grad()
+    } else {
+        t
     }
 }
 

@@ -1,10 +1,13 @@
-//! The communicators one rank needs for data parallelism, cut from the world along the mesh.
+//! The communicators one rank needs, cut from the world along the mesh (the rank grid lives in
+//! `mesh.rs`; this is the one place that turns it into groups).
 
 use crate::comm::{CommResult, Communicator};
 use crate::mesh::{Axis, ParallelDims};
 
-/// This rank's data-parallel position and groups; a group is `None` where its axis has size 1.
-pub struct DataParallelGroups {
+/// This rank's position and groups; a group is `None` where its axis has size 1.
+pub struct MeshGroups {
+    /// Rank in the world.
+    pub world_rank: usize,
     /// Index among all data-parallel ranks (`dp_replicate × dp_shard`): which data this rank reads.
     pub dp_rank: usize,
     pub dp_degree: usize,
@@ -14,11 +17,13 @@ pub struct DataParallelGroups {
     pub replicate: Option<Box<dyn Communicator>>,
     /// The FSDP shard group: parameter all-gather, gradient reduce-scatter.
     pub shard: Option<Box<dyn Communicator>>,
+    /// The tensor-parallel group.
+    pub tp: Option<Box<dyn Communicator>>,
 }
 
-impl DataParallelGroups {
+impl MeshGroups {
     pub fn single() -> Self {
-        Self { dp_rank: 0, dp_degree: 1, dp: None, replicate: None, shard: None }
+        Self { world_rank: 0, dp_rank: 0, dp_degree: 1, dp: None, replicate: None, shard: None, tp: None }
     }
 
     /// Cuts this rank's groups from `world` (every rank of `world` must call this at the same
@@ -36,6 +41,15 @@ impl DataParallelGroups {
         let dp = cut(Axis::Dp, dims.dp())?;
         let replicate = cut(Axis::DpReplicate, dims.dp_replicate)?;
         let shard = cut(Axis::Fsdp, dims.dp_shard)?;
-        Ok(Self { dp_rank: mesh.coords(rank).dp_rank(dims), dp_degree: dims.dp(), dp, replicate, shard })
+        let tp = cut(Axis::Tp, dims.tp)?;
+        Ok(Self {
+            world_rank: rank,
+            dp_rank: mesh.coords(rank).dp_rank(dims),
+            dp_degree: dims.dp(),
+            dp,
+            replicate,
+            shard,
+            tp,
+        })
     }
 }

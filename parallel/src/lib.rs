@@ -9,6 +9,8 @@
 //!   reduce-scatter, the FSDP parameter all-gather) as custom autodiff ops.
 //! * [`ddp`]: data parallelism — bucketed gradient all-reduce over the dp group.
 //! * [`fsdp`]: parameters sharded along dim 0, gathered when read (a Burn reparameterization).
+//! * [`tp`]: tensor (and sequence) parallelism — parameter slices and activation hooks;
+//!   [`loss_parallel`]: cross-entropy over vocabulary-split logits.
 //! * [`launcher`]: runs one closure per rank on threads; the first failure stops every rank.
 
 pub mod autograd;
@@ -17,10 +19,12 @@ pub mod ddp;
 pub mod fsdp;
 pub mod groups;
 pub mod launcher;
+pub mod loss_parallel;
 pub mod mesh;
 pub mod registry;
+pub mod tp;
 
 pub use comm::{CommError, CommExt, Communicator, DType, ReduceOp};
-pub use groups::DataParallelGroups;
+pub use groups::MeshGroups;
 pub use launcher::{run_ranks, run_ranks_or_exit, under_mpi_launcher};
 pub use mesh::{Axis, Mesh, ParallelDims};

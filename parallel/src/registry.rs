@@ -17,8 +17,11 @@ thread_local! {
     static GROUPS: RefCell<HashMap<u64, Arc<dyn Communicator>>> = RefCell::new(HashMap::new());
 }
 
-/// A registered group; dropping it unregisters the group.
-pub struct GroupHandle {
+/// A registered group; dropping its last clone unregisters the group.
+#[derive(Clone)]
+pub struct GroupHandle(Arc<Registered>);
+
+struct Registered {
     id: u64,
     size: usize,
     rank: usize,
@@ -26,19 +29,26 @@ pub struct GroupHandle {
 
 impl GroupHandle {
     pub fn id(&self) -> u64 {
-        self.id
+        self.0.id
     }
     pub fn size(&self) -> usize {
-        self.size
+        self.0.size
     }
     pub fn rank(&self) -> usize {
-        self.rank
+        self.0.rank
     }
 }
 
-impl Drop for GroupHandle {
+impl std::fmt::Debug for GroupHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "group {} (rank {} of {})", self.id(), self.rank(), self.size())
+    }
+}
+
+impl Drop for Registered {
     fn drop(&mut self) {
-        GROUPS.with(|g| g.borrow_mut().remove(&self.id));
+        // Ignore a thread whose registry is already gone (thread exit).
+        let _ = GROUPS.try_with(|g| g.borrow_mut().remove(&self.id));
     }
 }
 
@@ -47,7 +57,7 @@ pub fn register(comm: Box<dyn Communicator>) -> GroupHandle {
     let id = NEXT.fetch_add(1, Ordering::SeqCst);
     let (size, rank) = (comm.size(), comm.rank());
     GROUPS.with(|g| g.borrow_mut().insert(id, Arc::from(comm)));
-    GroupHandle { id, size, rank }
+    GroupHandle(Arc::new(Registered { id, size, rank }))
 }
 
 /// Runs `f` with the group `id`. Panics when the group is not registered on this thread (a

@@ -6,7 +6,7 @@ use crate::metrics::measure_matmul_tflops;
 use crate::trainer::{RankContext, StepStats, Trainer};
 use anyhow::{anyhow, Result};
 use std::time::Duration;
-use titan_parallel::{run_ranks_or_exit, DataParallelGroups};
+use titan_parallel::{run_ranks_or_exit, MeshGroups};
 
 /// PyTorch 2.15 + HF transformers Llama (sdpa), debugmodel, 8×256, AdamW, fp32, 2 threads,
 /// measured on the 2-core development machine.
@@ -45,7 +45,7 @@ pub fn bench(mut cfg: JobConfig, warmup: usize, steps: usize) -> Result<BenchRes
     } else {
         let timeout = Duration::from_secs_f64(cfg.comm.timeout_seconds);
         let mut all = run_ranks_or_exit(ranks, timeout, Duration::from_secs(10), |comm| {
-            let groups = DataParallelGroups::new(&comm, &dims)?;
+            let groups = MeshGroups::new(&comm, &dims)?;
             time_rank(cfg.clone(), RankContext::new(groups), warmup, steps)
         })?;
         all.swap_remove(0)

@@ -1,6 +1,6 @@
 //! Gradients across microbatches: accumulation, squared norms, the clipping coefficient.
 
-use burn::module::{Module, ModuleVisitor, Param};
+use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 
@@ -24,18 +24,18 @@ pub fn accumulate<M: Module>(model: &M, acc: &mut GradientsParams, mut new: Grad
     model.visit(&mut Add { acc, new: &mut new });
 }
 
-/// Squared L2 norm of every gradient, in the model's parameter order (f64 on the host, so the
-/// sum is deterministic and exact enough for clipping).
-pub fn squared_norms<M: Module>(model: &M, grads: &GradientsParams) -> Vec<f64> {
+/// Squared L2 norm of every gradient, by parameter, in the model's parameter order (f64 on the
+/// host, so sums of them are deterministic and exact enough for clipping).
+pub fn squared_norms<M: Module>(model: &M, grads: &GradientsParams) -> Vec<(ParamId, f64)> {
     struct Sq<'a> {
         grads: &'a GradientsParams,
-        out: Vec<f64>,
+        out: Vec<(ParamId, f64)>,
     }
     impl ModuleVisitor for Sq<'_> {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
             if let Some(g) = self.grads.get::<D>(p.id) {
                 let s: f32 = g.square().sum().into_scalar();
-                self.out.push(s as f64);
+                self.out.push((p.id, s as f64));
             }
         }
     }

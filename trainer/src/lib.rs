@@ -9,6 +9,7 @@ pub mod grads;
 pub mod lr_schedule;
 pub mod metrics;
 pub mod optim;
+pub mod parallelize;
 pub mod paths;
 pub mod plot;
 pub mod state;

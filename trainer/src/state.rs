@@ -1,6 +1,6 @@
 //! The model's parameters as named host tensors, and back.
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::prelude::*;
 use titan_checkpoints::{HostTensor, TensorMap};
 use titan_parallel::fsdp::Sharding;
@@ -41,6 +41,38 @@ pub fn param_shapes<M: Module>(model: &M) -> Vec<(String, Vec<usize>)> {
     let mut v = V { path: Path::default(), out: Vec::new() };
     model.visit(&mut v);
     v.out
+}
+
+/// `(id, path)` of every parameter, in visiting order.
+pub fn param_ids<M: Module>(model: &M) -> Vec<(ParamId, String)> {
+    struct V {
+        path: Path,
+        out: Vec<(ParamId, String)>,
+    }
+    impl ModuleVisitor for V {
+        path_tracking!();
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            self.out.push((p.id, self.path.join()));
+        }
+    }
+    let mut v = V { path: Path::default(), out: Vec::new() };
+    model.visit(&mut v);
+    v.out
+}
+
+/// Part `r` of `n` equal parts of a row-major tensor along `dim`; returns the part and its shape.
+pub fn slice_dim(data: &[f32], shape: &[usize], dim: usize, r: usize, n: usize) -> (Vec<f32>, Vec<usize>) {
+    let outer: usize = shape[..dim].iter().product();
+    let inner: usize = shape[dim + 1..].iter().product();
+    let chunk = shape[dim] / n;
+    let mut out = Vec::with_capacity(outer * chunk * inner);
+    for o in 0..outer {
+        let base = (o * shape[dim] + r * chunk) * inner;
+        out.extend_from_slice(&data[base..base + chunk * inner]);
+    }
+    let mut s = shape.to_vec();
+    s[dim] = chunk;
+    (out, s)
 }
 
 /// Every parameter's values, by path.

@@ -6,7 +6,7 @@ use crate::trainer::{RankContext, Trainer};
 use anyhow::{anyhow, bail, Result};
 use std::path::PathBuf;
 use std::time::Duration;
-use titan_parallel::{run_ranks_or_exit, DataParallelGroups, ParallelDims};
+use titan_parallel::{run_ranks_or_exit, MeshGroups, ParallelDims};
 
 /// What a finished run reports.
 #[derive(Debug)]
@@ -16,8 +16,9 @@ pub struct Summary {
     pub final_val_loss: Option<f64>,
 }
 
-/// Trains with the configured mesh: one rank, or `dp_replicate × dp_shard` data-parallel ranks
-/// (DDP, FSDP or HSDP) — threads of this process, or one per process under `mpirun`. Rank
+/// Trains with the configured mesh: one rank, or `dp_replicate × dp_shard × tp` ranks (DDP,
+/// FSDP or HSDP, with tensor parallelism) — threads of this process, or one per process under
+/// `mpirun`. Rank
 /// `log_rank` prints and writes metrics; rank 0 writes checkpoints.
 pub fn run(cfg: JobConfig, log_rank: usize, nproc: Option<usize>) -> Result<Summary> {
     if cfg.job.print_config {
@@ -36,7 +37,7 @@ pub fn run(cfg: JobConfig, log_rank: usize, nproc: Option<usize>) -> Result<Summ
     }
     let timeout = Duration::from_secs_f64(cfg.comm.timeout_seconds);
     let summaries = run_ranks_or_exit(world, timeout, Duration::from_secs(10), |comm| {
-        let groups = DataParallelGroups::new(&comm, &dims)?;
+        let groups = MeshGroups::new(&comm, &dims)?;
         run_rank(cfg.clone(), RankContext::new(groups), log_rank)
     })?;
     Ok(summaries.into_iter().nth(log_rank).expect("the logging rank"))
@@ -61,7 +62,7 @@ fn run_mpi(cfg: JobConfig, log_rank: usize) -> Result<Summary> {
         if log_rank >= dims.world_size {
             bail!("--log-rank {log_rank}: there are only {} rank(s)", dims.world_size);
         }
-        let groups = DataParallelGroups::new(&comm, &dims)?;
+        let groups = MeshGroups::new(&comm, &dims)?;
         run_rank(cfg, RankContext::new(groups), log_rank)
     })
 }
@@ -81,8 +82,15 @@ fn start_logging(t: &Trainer, dump: &std::path::Path, steps: u64) -> Result<Metr
     };
     let dp = t.rank.dp_degree;
     let shard = t.rank.fsdp.as_ref().map_or(1, |g| g.size());
+    let tp = match &t.rank.tp {
+        Some(g) if cfg.parallelism.enable_sequence_parallel => {
+            format!(", tensor parallel {} with sequence parallel", g.size())
+        }
+        Some(g) => format!(", tensor parallel {}", g.size()),
+        None => String::new(),
+    };
     println!(
-        "training steps {}..={steps}: {} tokens/step on {dp} data-parallel rank(s) (replicate {} × shard {shard}), {} microbatch(es) of {}×{} per rank, peak {peak:.3} TFLOP/s for MFU",
+        "training steps {}..={steps}: {} tokens/step on {dp} data-parallel rank(s) (replicate {} × shard {shard}){tp}, {} microbatch(es) of {}×{} per rank, peak {peak:.3} TFLOP/s for MFU",
         t.step + 1,
         t.tokens_per_step(),
         dp / shard,
@@ -100,7 +108,7 @@ fn start_logging(t: &Trainer, dump: &std::path::Path, steps: u64) -> Result<Metr
 fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summary> {
     let dump = PathBuf::from(&cfg.job.dump_folder);
     let steps = cfg.training.steps as u64;
-    let logs = rank.dp_rank == log_rank;
+    let logs = rank.world_rank == log_rank;
     let mut t = Trainer::new(cfg, rank)?;
     let cfg = t.cfg.clone();
 

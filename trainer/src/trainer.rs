@@ -5,6 +5,7 @@ use crate::config::{to_toml, JobConfig};
 use crate::grads;
 use crate::lr_schedule::LrSchedule;
 use crate::optim::{AdamW, AdamWConfig};
+use crate::parallelize::{parallelize_llama, Placement};
 use crate::{paths, state};
 use anyhow::{anyhow, bail, Context, Result};
 use burn::optim::GradientsParams;
@@ -16,12 +17,9 @@ use std::sync::Arc;
 use std::time::Instant;
 use titan_checkpoints::{load_tensors, save_tensors, CheckpointFolder, CheckpointReader};
 use titan_data::{tokenize_corpus, Batch, DataLoader, LoaderConfig, LoaderState, Tokenizer, ValidationBatches};
-use titan_models::loss::cross_entropy_sum;
 use titan_models::{ModelArgs, Transformer};
-use titan_parallel::ddp::{all_reduce_gradients, BUCKET_BYTES};
-use titan_parallel::fsdp::{fully_shard, Sharding};
-use titan_parallel::registry::{register, with_group, GroupHandle};
-use titan_parallel::{CommExt, Communicator, DataParallelGroups, ReduceOp};
+use titan_parallel::registry::{register, GroupHandle};
+use titan_parallel::{CommExt, Communicator, MeshGroups, ReduceOp};
 
 /// What one optimizer step did.
 #[derive(Debug, Clone, Serialize)]
@@ -51,8 +49,9 @@ struct TrainState {
     flavor: String,
 }
 
-/// This rank's place in data parallelism. Groups are `None` where their axis has size 1.
+/// This rank's place on the mesh. Groups are `None` where their axis has size 1.
 pub struct RankContext {
+    pub world_rank: usize,
     pub dp_rank: usize,
     pub dp_degree: usize,
     /// Every data-parallel rank (the loss sum).
@@ -61,21 +60,25 @@ pub struct RankContext {
     pub replicate: Option<Box<dyn Communicator>>,
     /// The FSDP shard group, registered for the differentiable collectives on this thread.
     pub fsdp: Option<GroupHandle>,
+    /// The tensor-parallel group, registered likewise.
+    pub tp: Option<GroupHandle>,
 }
 
 impl RankContext {
     pub fn single() -> Self {
-        Self::new(DataParallelGroups::single())
+        Self::new(MeshGroups::single())
     }
 
-    /// Must be called on the rank's own thread (the FSDP group is registered there).
-    pub fn new(g: DataParallelGroups) -> Self {
+    /// Must be called on the rank's own thread (the FSDP and TP groups are registered there).
+    pub fn new(g: MeshGroups) -> Self {
         Self {
+            world_rank: g.world_rank,
             dp_rank: g.dp_rank,
             dp_degree: g.dp_degree,
             dp: g.dp,
             replicate: g.replicate,
             fsdp: g.shard.map(register),
+            tp: g.tp.map(register),
         }
     }
 }
@@ -92,8 +95,8 @@ pub struct Trainer {
     pub tokenizer: Tokenizer,
     /// Steps completed.
     pub step: u64,
-    /// How the parameters are split over the FSDP group (`None` without FSDP).
-    pub sharding: Option<Sharding>,
+    /// How the parallelisms split this rank's parameters.
+    pub placement: Placement,
     val_batches: Vec<Batch>,
     checkpoints: CheckpointFolder,
 }
@@ -101,22 +104,6 @@ pub struct Trainer {
 /// The model a config describes, lazily initialised from `seed` on `device`.
 pub fn build_model(cfg: &JobConfig, args: &ModelArgs, seed: u64, device: &Device) -> Transformer {
     Transformer::new(args, seed, device).with_fused_attention(cfg.model.attention == "fused")
-}
-
-/// Applies this rank's parallelisms to a full model (FSDP: shard every parameter).
-fn parallelize(model: Transformer, rank: &RankContext) -> (Transformer, Option<Sharding>) {
-    match &rank.fsdp {
-        Some(g) => {
-            let (m, s) = fully_shard(model, g);
-            (m, Some(s))
-        }
-        None => (model, None),
-    }
-}
-
-/// The parameter path of an optimizer-state key (`exp_avg.<path>`).
-fn state_param_path(key: &str) -> &str {
-    key.split_once('.').map_or(key, |(_, p)| p)
 }
 
 pub fn to_tensor_2d(v: &[i64], b: usize, t: usize, device: &Device) -> Tensor<2, Int> {
@@ -168,7 +155,9 @@ impl Trainer {
         } else {
             Vec::new()
         };
-        let (model, sharding) = parallelize(build_model(&cfg, &args, cfg.training.seed as u64, &device), &rank);
+        let sp = cfg.parallelism.enable_sequence_parallel;
+        let (model, placement) =
+            parallelize_llama(build_model(&cfg, &args, cfg.training.seed as u64, &device), &rank, sp);
         let checkpoints = CheckpointFolder::new(PathBuf::from(&cfg.job.dump_folder).join(&cfg.checkpoint.folder));
         let mut t = Self {
             optim: AdamW::new(AdamWConfig::from_config(&cfg.optimizer)),
@@ -179,7 +168,7 @@ impl Trainer {
             loader,
             tokenizer,
             step: 0,
-            sharding,
+            placement,
             val_batches,
             checkpoints,
             cfg,
@@ -212,7 +201,7 @@ impl Trainer {
         for mb in &microbatches {
             let inputs = to_tensor_2d(&mb.inputs, mb.batch, mb.seq_len, &self.device);
             let targets = to_tensor_2d(&mb.targets, mb.batch, mb.seq_len, &self.device);
-            let mut loss = cross_entropy_sum(self.model.forward(inputs), targets).div_scalar(total_tokens as f64);
+            let mut loss = self.placement.loss(self.model.forward(inputs), targets).div_scalar(total_tokens as f64);
             if inject {
                 loss = loss.mul_scalar(f64::NAN);
             }
@@ -220,16 +209,13 @@ impl Trainer {
             let g = GradientsParams::from_grads(loss.backward(), &self.model);
             grads::accumulate(&self.model, &mut acc, g);
         }
-        // FSDP gradients were reduce-scattered in backward; replicas still sum theirs.
-        if let Some(replicate) = &self.rank.replicate {
-            all_reduce_gradients(&self.model, &mut acc, replicate.as_ref(), BUCKET_BYTES)?;
-        }
+        self.placement.reduce_gradients(&self.model, &mut acc, &self.rank)?;
         if let Some(dp) = &self.rank.dp {
             let mut l = [loss_sum as f32];
             dp.all_reduce(&mut l, ReduceOp::Sum)?;
             loss_sum = l[0] as f64;
         }
-        let grad_norm = self.grad_norm(&acc)?;
+        let grad_norm = self.placement.grad_norm(&self.model, &acc, &self.rank)?;
         if !loss_sum.is_finite() || !grad_norm.is_finite() {
             let last = self.checkpoints.latest().ok().flatten();
             bail!(
@@ -256,17 +242,6 @@ impl Trainer {
         })
     }
 
-    /// The norm of the whole gradient: under FSDP each rank holds disjoint rows (padding is
-    /// zero), so the squared norms of the shards are summed over the shard group; replicas hold
-    /// the same values and are not counted twice.
-    fn grad_norm(&self, acc: &GradientsParams) -> Result<f64> {
-        let local: f64 = grads::squared_norms(&self.model, acc).iter().sum();
-        let Some(g) = &self.rank.fsdp else { return Ok(local.sqrt()) };
-        let mut parts = vec![0f32; g.size()];
-        with_group(g.id(), |c| c.all_gather(&[local as f32], &mut parts))?;
-        Ok(parts.iter().map(|&p| p as f64).sum::<f64>().sqrt())
-    }
-
     pub fn validation_enabled(&self) -> bool {
         !self.val_batches.is_empty()
     }
@@ -278,7 +253,8 @@ impl Trainer {
         let (mut sum, mut n) = (0.0f64, 0usize);
         for b in &self.val_batches {
             let logits = model.forward(to_tensor_2d(&b.inputs, b.batch, b.seq_len, &device));
-            let l: f32 = cross_entropy_sum(logits, to_tensor_2d(&b.targets, b.batch, b.seq_len, &device)).into_scalar();
+            let l: f32 =
+                self.placement.loss(logits, to_tensor_2d(&b.targets, b.batch, b.seq_len, &device)).into_scalar();
             sum += l as f64;
             n += b.num_tokens();
         }
@@ -286,17 +262,12 @@ impl Trainer {
     }
 
     /// Writes `step-N/` atomically and prunes old checkpoints. Every rank must call it: FSDP
-    /// shards are gathered into full tensors (so a checkpoint does not depend on the layout);
-    /// replicas then hold identical state, and only data-parallel rank 0 writes (`None` on the
-    /// others).
+    /// shards and TP slices are gathered into full tensors (so a checkpoint does not depend on
+    /// the layout); only world rank 0 writes (`None` on the others).
     pub fn save_checkpoint(&self) -> Result<Option<PathBuf>> {
-        let (mut model_t, mut optim_t) = (state::model_to_tensors(&self.model), self.optim.state_dict(&self.model));
-        if let (Some(s), Some(g)) = (&self.sharding, &self.rank.fsdp) {
-            (model_t, optim_t) = with_group(g.id(), |c| -> Result<_> {
-                Ok((state::unshard(model_t, s, c, |k| k)?, state::unshard(optim_t, s, c, state_param_path)?))
-            })?;
-        }
-        if self.rank.dp_rank != 0 {
+        let model_t = self.placement.gather_full(state::model_to_tensors(&self.model), &self.rank)?;
+        let optim_t = self.placement.gather_full(self.optim.state_dict(&self.model), &self.rank)?;
+        if self.rank.world_rank != 0 {
             return Ok(None);
         }
         let meta =
@@ -349,12 +320,11 @@ impl Trainer {
             state::load_model_tensors(fresh, tensors, &self.device, &mpath.display().to_string()).map_err(|e| {
                 anyhow!("{e}; checkpoint flavor is {:?}, this config's is {:?}", ts.flavor, self.cfg.model.flavor)
             })?;
-        (self.model, self.sharding) = parallelize(full, &self.rank);
+        let sp = self.cfg.parallelism.enable_sequence_parallel;
+        (self.model, self.placement) = parallelize_llama(full, &self.rank, sp);
         let opath = r.path("optimizer.safetensors");
-        let (mut ot, _) = load_tensors(&opath, &r.read("optimizer.safetensors")?)?;
-        if let Some(s) = &self.sharding {
-            ot = state::shard(ot, s, state_param_path);
-        }
+        let (ot, _) = load_tensors(&opath, &r.read("optimizer.safetensors")?)?;
+        let ot = self.placement.shard_full(ot);
         self.optim
             .load_state_dict(&self.model, ts.optimizer_step, ot, &self.device.clone().without_autodiff())
             .map_err(|e| anyhow!("{}: {e}", opath.display()))?;

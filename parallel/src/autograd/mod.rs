@@ -9,6 +9,7 @@
 //! | [`gather_from_group`] | all-gather along `dim` | split along `dim` |
 //! | [`split_to_group`] | split along `dim` | all-gather along `dim` |
 //! | [`reduce_scatter_to_group`] | reduce-scatter along `dim` | all-gather along `dim` |
+//! | [`all_gather_to_group`] | all-gather along `dim` | reduce-scatter along `dim` |
 //! | [`fsdp_all_gather`] | all-gather along dim 0 | reduce-scatter along dim 0 |
 //!
 //! Backward steps run in an order fixed by the graph's shape, so ranks with identical graphs
@@ -63,6 +64,12 @@ pub fn split_to_group<const D: usize>(x: Tensor<D>, dim: usize, g: &GroupHandle)
 /// gradient is all-gathered.
 pub fn reduce_scatter_to_group<const D: usize>(x: Tensor<D>, dim: usize, g: &GroupHandle) -> Tensor<D> {
     op(x, Prim::ReduceScatter, Prim::AllGather, dim, g)
+}
+
+/// All-gather along `dim` forward, reduce-scatter of the gradient (Megatron's sequence-parallel
+/// gather before a column-parallel layer: every rank's gradient is partial for every position).
+pub fn all_gather_to_group<const D: usize>(x: Tensor<D>, dim: usize, g: &GroupHandle) -> Tensor<D> {
+    op(x, Prim::AllGather, Prim::ReduceScatter, dim, g)
 }
 
 /// FSDP's parameter op: all-gather the dim-0 shards forward, reduce-scatter the gradient.

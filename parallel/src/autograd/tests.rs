@@ -120,6 +120,19 @@ fn fsdp_all_gather_reduce_scatters_the_gradient() {
     });
 }
 
+#[test]
+fn sequence_gather_reduce_scatters_the_gradient_along_its_dim() {
+    on_ranks(|r, n, g| {
+        let x = vals(100 + r, [2, 3, 4]).require_grad();
+        let full = all_gather_to_group(x.clone(), 1, g);
+        let want = Tensor::cat((0..n).map(|s| vals(100 + s, [2, 3, 4])).collect(), 1);
+        assert_close(host(full.clone()), host(want), "sequence gather forward");
+        let grads = (full * vals(110 + r, [2, 3 * n, 4])).sum().backward();
+        let total = sum_of(n, |s| vals(110 + s, [2, 3 * n, 4]));
+        assert_close(host(x.grad(&grads).unwrap()), host(total.slice([0..2, 3 * r..3 * r + 3, 0..4])), "backward");
+    });
+}
+
 /// Several collectives of different kinds and sizes inside one backward. If ranks ran them in
 /// different orders, the communicator would report a mismatch (or time out); identical graphs
 /// must run them in the same order and give the unsharded gradient.

@@ -19,7 +19,7 @@ fn positive(errors: &mut Vec<String>, key: &str, value: i64) {
 fn not_yet(errors: &mut Vec<String>, key: &str, value: i64, ok: &[i64]) {
     if !ok.contains(&value) {
         errors.push(format!(
-            "`{key}` = {value} is not supported yet: this build trains with data parallelism only (`parallelism.data_parallel_replicate_degree` for DDP, `data_parallel_shard_degree` for FSDP, both for HSDP); set it to {}",
+            "`{key}` = {value} is not supported yet: this build trains with data parallelism (`parallelism.data_parallel_replicate_degree` for DDP, `data_parallel_shard_degree` for FSDP, both for HSDP) and tensor parallelism (`tensor_parallel_degree`); set it to {}",
             ok[0]
         ));
     }
@@ -93,7 +93,13 @@ pub fn validate(c: &JobConfig) -> Result<()> {
         ));
     }
     let p = &c.parallelism;
-    not_yet(&mut e, "parallelism.tensor_parallel_degree", p.tensor_parallel_degree, &[1]);
+    let tp = p.tensor_parallel_degree.max(1);
+    if tp > 1 && p.enable_sequence_parallel && t.seq_len % tp != 0 {
+        e.push(format!(
+            "`training.seq_len` = {} must be a multiple of `parallelism.tensor_parallel_degree` = {tp} with sequence parallelism (each rank holds seq_len / tp positions); change it or set `parallelism.enable_sequence_parallel` = false",
+            t.seq_len
+        ));
+    }
     not_yet(&mut e, "parallelism.pipeline_parallel_degree", p.pipeline_parallel_degree, &[1]);
     not_yet(&mut e, "parallelism.context_parallel_degree", p.context_parallel_degree, &[1]);
     not_yet(&mut e, "parallelism.expert_parallel_degree", p.expert_parallel_degree, &[1]);

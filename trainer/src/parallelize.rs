@@ -1,0 +1,167 @@
+//! How the Llama model is laid out on this rank's mesh (TorchTitan's `parallelize_llama`):
+//! tensor parallelism first (slices driven by each parameter's logical axes, activation hooks),
+//! then FSDP over the TP-local parameters. The same placement turns full tensors (checkpoints)
+//! into this rank's pieces and back, computes the loss, and completes gradients and their norm.
+
+use crate::grads;
+use crate::state;
+use crate::trainer::RankContext;
+use anyhow::Result;
+use burn::module::ParamId;
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use std::collections::HashSet;
+use titan_checkpoints::{HostTensor, TensorMap};
+use titan_models::loss::cross_entropy_sum;
+use titan_models::{llama::logical_axes, LogicalAxis, Transformer};
+use titan_parallel::autograd::host::{self, Prim};
+use titan_parallel::ddp::{all_reduce_gradients, BUCKET_BYTES};
+use titan_parallel::fsdp::{fully_shard, Sharding};
+use titan_parallel::loss_parallel::vocab_parallel_cross_entropy_sum;
+use titan_parallel::registry::{with_group, GroupHandle};
+use titan_parallel::tp::{apply_tensor_parallel, TensorParallel};
+use titan_parallel::CommExt;
+
+/// The dimension tensor parallelism splits: the one whose logical axis is heads, kv heads, the
+/// FFN hidden units or the vocabulary (Megatron's column/row choice follows from the layout:
+/// `[embed, heads]` splits columns, `[heads, embed]` rows). Norm weights (`[embed]`) replicate.
+pub fn tp_split_dim(path: &str) -> Option<usize> {
+    use LogicalAxis::*;
+    logical_axes(path)?.iter().position(|a| matches!(a, Vocab | Heads | KvHeads | Mlp))
+}
+
+/// The parallelisms applied to this rank's model.
+#[derive(Debug, Clone, Default)]
+pub struct Placement {
+    pub tp: Option<TensorParallel>,
+    pub fsdp: Option<Sharding>,
+    /// Parameters split by TP (their squared gradient norms are summed over the TP group).
+    tp_split: HashSet<ParamId>,
+}
+
+/// Applies TP, then FSDP, to a full model.
+pub fn parallelize_llama(
+    mut model: Transformer,
+    rank: &RankContext,
+    sequence_parallel: bool,
+) -> (Transformer, Placement) {
+    let mut placement = Placement::default();
+    if let Some(g) = &rank.tp {
+        let (m, tp, hooks) = apply_tensor_parallel(model, g, sequence_parallel, tp_split_dim);
+        model = m.with_hooks(hooks);
+        placement.tp_split = state::param_ids(&model)
+            .into_iter()
+            .filter(|(_, p)| tp.split_dims.contains_key(p))
+            .map(|(id, _)| id)
+            .collect();
+        placement.tp = Some(tp);
+    }
+    if let Some(g) = &rank.fsdp {
+        let (m, s) = fully_shard(model, g);
+        model = m;
+        placement.fsdp = Some(s);
+    }
+    (model, placement)
+}
+
+/// The parameter path of a tensor key: itself for the model, `exp_avg.<path>` for the optimizer.
+pub fn param_path(key: &str) -> &str {
+    key.strip_prefix("exp_avg.").or_else(|| key.strip_prefix("exp_avg_sq.")).unwrap_or(key)
+}
+
+impl Placement {
+    /// Summed cross-entropy of this rank's logits (vocabulary-parallel under TP).
+    pub fn loss(&self, logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
+        match &self.tp {
+            Some(tp) => vocab_parallel_cross_entropy_sum(logits, targets, &tp.group),
+            None => cross_entropy_sum(logits, targets),
+        }
+    }
+
+    /// Completes gradients after backward (FSDP's were reduce-scattered inside it): under
+    /// sequence parallelism the replicated (norm) gradients are partial per TP rank and are
+    /// summed; then replicas sum all of theirs.
+    pub fn reduce_gradients(&self, model: &Transformer, acc: &mut GradientsParams, rank: &RankContext) -> Result<()> {
+        if let Some(tp) = self.tp.as_ref().filter(|tp| tp.replicated_grads_are_partial()) {
+            with_group(tp.group.id(), |c| {
+                all_reduce_gradients(model, acc, c, BUCKET_BYTES, &|id| !self.tp_split.contains(&id))
+            })?;
+        }
+        if let Some(replicate) = &rank.replicate {
+            all_reduce_gradients(model, acc, replicate.as_ref(), BUCKET_BYTES, &|_| true)?;
+        }
+        Ok(())
+    }
+
+    /// The norm of the whole gradient, every parameter counted once: TP-split parameters' squares
+    /// are summed over the TP group (replicated ones are equal there), then FSDP shards' over the
+    /// shard group (padding is zero); replicas are not summed.
+    pub fn grad_norm(&self, model: &Transformer, acc: &GradientsParams, rank: &RankContext) -> Result<f64> {
+        let (mut split, mut replicated) = (0.0f64, 0.0f64);
+        for (id, sq) in grads::squared_norms(model, acc) {
+            if self.tp_split.contains(&id) {
+                split += sq;
+            } else {
+                replicated += sq;
+            }
+        }
+        if let Some(tp) = &self.tp {
+            split = sum_over(&tp.group, split)?;
+        }
+        let mut total = split + replicated;
+        if let Some(g) = &rank.fsdp {
+            total = sum_over(g, total)?;
+        }
+        Ok(total.sqrt())
+    }
+
+    /// Full tensors from this rank's pieces (collectives over the shard and TP groups, in key
+    /// order on every rank): FSDP shards are gathered first, then TP slices along their dim.
+    pub fn gather_full(&self, mut map: TensorMap, rank: &RankContext) -> Result<TensorMap> {
+        if let (Some(s), Some(g)) = (&self.fsdp, &rank.fsdp) {
+            map = with_group(g.id(), |c| state::unshard(map, s, c, param_path))?;
+        }
+        if let Some(tp) = &self.tp {
+            map = with_group(tp.group.id(), |c| {
+                map.into_iter()
+                    .map(|(k, t)| match tp.split_dims.get(param_path(&k)) {
+                        Some(&dim) => {
+                            let (data, shape) = host::run(Prim::AllGather, t.data, &t.shape, dim, c);
+                            (k, HostTensor { shape, data })
+                        }
+                        None => (k, t),
+                    })
+                    .collect()
+            });
+        }
+        Ok(map)
+    }
+
+    /// This rank's pieces of full tensors (no communication): TP slices, then FSDP shards.
+    pub fn shard_full(&self, mut map: TensorMap) -> TensorMap {
+        if let Some(tp) = &self.tp {
+            let (r, n) = (tp.group.rank(), tp.group.size());
+            map = map
+                .into_iter()
+                .map(|(k, t)| match tp.split_dims.get(param_path(&k)) {
+                    Some(&dim) if t.shape.get(dim).is_some_and(|s| s % n == 0) => {
+                        let (data, shape) = state::slice_dim(&t.data, &t.shape, dim, r, n);
+                        (k, HostTensor { shape, data })
+                    }
+                    _ => (k, t),
+                })
+                .collect();
+        }
+        if let Some(s) = &self.fsdp {
+            map = state::shard(map, s, param_path);
+        }
+        map
+    }
+}
+
+/// `x` summed over `g` (each rank's value gathered, summed in rank order in f64).
+fn sum_over(g: &GroupHandle, x: f64) -> Result<f64> {
+    let mut parts = vec![0f32; g.size()];
+    with_group(g.id(), |c| c.all_gather(&[x as f32], &mut parts))?;
+    Ok(parts.iter().map(|&p| p as f64).sum())
+}
