@@ -150,8 +150,10 @@ fn bench_train_reports_throughput_and_comm_share_on_a_mesh() {
     let args = "bench train --config configs/llama_debug.toml --model.flavor tiny --training.seq_len 32 \
                 --training.local_batch_size 2 --parallelism.data_parallel_shard_degree 2 --warmup 1 --steps 2";
     let out = assert_ok(&titan(&args.split_whitespace().collect::<Vec<_>>()));
-    let row =
-        out.lines().find(|l| l.starts_with("| tiny | 2 (replicate 1 × shard 2) |")).unwrap_or_else(|| panic!("{out}"));
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("| tiny | 2 (replicate 1 × shard 2 × tp 1) |"))
+        .unwrap_or_else(|| panic!("{out}"));
     let cols: Vec<&str> = row.split('|').map(str::trim).collect();
     let tps: f64 = cols[5].parse().unwrap();
     let comm: f64 = cols[6].trim_end_matches('%').parse().unwrap();

@@ -197,9 +197,11 @@ fn run(cli: Cli) -> Result<()> {
             let (flavor, b, t) = (cfg.model.flavor.clone(), cfg.training.local_batch_size, cfg.training.seq_len);
             let p = &cfg.parallelism;
             let layout = format!(
-                "replicate {} × shard {}",
+                "replicate {} × shard {} × tp {}{}",
                 p.data_parallel_replicate_degree,
-                p.dims(None).map(|d| d.dp_shard).unwrap_or(1)
+                p.dims(None).map(|d| d.dp_shard).unwrap_or(1),
+                p.tensor_parallel_degree,
+                if p.tensor_parallel_degree > 1 && !p.enable_sequence_parallel { " (no SP)" } else { "" }
             );
             let r = bench::bench(cfg, warmup, steps.max(1))?;
             println!(

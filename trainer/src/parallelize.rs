@@ -165,3 +165,6 @@ fn sum_over(g: &GroupHandle, x: f64) -> Result<f64> {
     with_group(g.id(), |c| c.all_gather(&[x as f32], &mut parts))?;
     Ok(parts.iter().map(|&p| p as f64).sum())
 }
+
+#[cfg(test)]
+mod tests;

@@ -85,11 +85,18 @@ fn impossible_values_name_key_and_allowed_values() {
 
 #[test]
 fn parallel_degrees_other_than_one_are_not_supported_yet() {
-    let e = err("[parallelism]\ntensor_parallel_degree = 2\n", &[]);
+    let e = err("[parallelism]\npipeline_parallel_degree = 2\n", &[]);
     assert!(
-        e.contains("`parallelism.tensor_parallel_degree` = 2 is not supported yet") && e.contains("set it to 1"),
+        e.contains("`parallelism.pipeline_parallel_degree` = 2 is not supported yet") && e.contains("set it to 1"),
         "{e}"
     );
+    // Sequence parallelism splits the sequence over the TP ranks.
+    let e = err("[training]\nseq_len = 130\n[parallelism]\ntensor_parallel_degree = 4\n", &[]);
+    assert!(
+        e.contains("`training.seq_len` = 130 must be a multiple of `parallelism.tensor_parallel_degree` = 4"),
+        "{e}"
+    );
+    assert!(e.contains("enable_sequence_parallel` = false"), "{e}");
     let e = err("", &[("parallelism.fsdp_reshard_after_forward", "always")]);
     assert!(
         e.contains("`parallelism.fsdp_reshard_after_forward` = \"always\" is not supported") && e.contains("\"never\""),
