@@ -10,6 +10,7 @@ use crate::layers::{Embedding, Linear, RmsNorm};
 use crate::rope::RopeTables;
 use burn::module::{ModuleVisitor, Param};
 use burn::prelude::*;
+use std::ops::Range;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use titan_kernels::{causal_attention, supports_fused_attention};
@@ -128,12 +129,14 @@ impl TransformerBlock {
     }
 }
 
+/// The whole model, or one pipeline stage of it: the embedding only on the first stage, the
+/// final norm and output head only on the last (as TorchTitan's pipeline split leaves them).
 #[derive(Module, Debug)]
 pub struct Transformer {
-    pub tok_embeddings: Embedding,
+    pub tok_embeddings: Option<Embedding>,
     pub layers: Vec<TransformerBlock>,
-    pub norm: RmsNorm,
-    pub output: Linear,
+    pub norm: Option<RmsNorm>,
+    pub output: Option<Linear>,
     pub rope_theta: f64,
     pub head_dim: usize,
     /// Where a parallelism moves activations (none for the plain model).
@@ -145,11 +148,19 @@ impl Transformer {
     /// Builds the model lazily: no parameter memory is allocated until a value is used, so the
     /// big flavors can be built for counting and planning.
     pub fn new(a: &ModelArgs, seed: u64, device: &Device) -> Self {
+        Self::stage(a, seed, device, 0..a.n_layers, true, true)
+    }
+
+    /// One pipeline stage: the blocks `layers` (global indices, so their parameters are
+    /// initialised exactly as in the whole model), with the embedding when `first` and the final
+    /// norm and output head when `last`.
+    pub fn stage(a: &ModelArgs, seed: u64, device: &Device, layers: Range<usize>, first: bool, last: bool) -> Self {
         Self {
-            tok_embeddings: Embedding::new(seed, "tok_embeddings", a.vocab_size, a.dim, device),
-            layers: (0..a.n_layers).map(|l| TransformerBlock::new(a, seed, l, device)).collect(),
-            norm: RmsNorm::new(seed, "norm", a.dim, a.norm_eps, device),
-            output: Linear::new(seed, "output", a.dim, a.vocab_size, (a.dim as f64).powf(-0.5), device),
+            tok_embeddings: first.then(|| Embedding::new(seed, "tok_embeddings", a.vocab_size, a.dim, device)),
+            layers: layers.map(|l| TransformerBlock::new(a, seed, l, device)).collect(),
+            norm: last.then(|| RmsNorm::new(seed, "norm", a.dim, a.norm_eps, device)),
+            output: last
+                .then(|| Linear::new(seed, "output", a.dim, a.vocab_size, (a.dim as f64).powf(-0.5), device)),
             rope_theta: a.rope_theta,
             head_dim: a.head_dim(),
             hooks: Hooks::default(),
@@ -171,16 +182,29 @@ impl Transformer {
     }
 
     /// Token ids `[B, T]` → logits `[B, T, vocab]` (under tensor parallelism, this rank's slice
-    /// of the vocabulary: the full logits are never formed).
+    /// of the vocabulary: the full logits are never formed). The whole model only.
     pub fn forward(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
         let t = tokens.dims()[1];
-        let device = tokens.device();
-        let rope = RopeTables::new(self.rope_theta, self.head_dim, 0, t, &device);
-        let mut h = self.hooks.embed(self.tok_embeddings.weight.val(), tokens);
+        self.forward_stage(StageInput::Tokens(tokens), t)
+    }
+
+    /// This stage's part of the forward pass for sequences of `seq_len` positions: token ids on
+    /// the first stage, hidden states `[B, T', dim]` after it; logits out of the last stage,
+    /// hidden states out of the others.
+    pub fn forward_stage(&self, input: StageInput, seq_len: usize) -> Tensor<3> {
+        let mut h = match (input, &self.tok_embeddings) {
+            (StageInput::Tokens(ids), Some(e)) => self.hooks.embed(e.weight.val(), ids),
+            (StageInput::Hidden(h), None) => h,
+            _ => panic!("token ids go to the stage with the embedding, hidden states to the others"),
+        };
+        let rope = RopeTables::new(self.rope_theta, self.head_dim, 0, seq_len, &h.device());
         for layer in &self.layers {
             h = layer.forward(h, &rope, &self.hooks);
         }
-        self.output.forward(self.hooks.column_input(self.norm.forward(h)))
+        match (&self.norm, &self.output) {
+            (Some(norm), Some(output)) => output.forward(self.hooks.column_input(norm.forward(h))),
+            _ => h,
+        }
     }
 
     /// Every parameter with its module path, shape and logical axes, in visiting order.
@@ -189,6 +213,12 @@ impl Transformer {
         self.visit(&mut v);
         v.out
     }
+}
+
+/// What a pipeline stage receives.
+pub enum StageInput {
+    Tokens(Tensor<2, Int>),
+    Hidden(Tensor<3>),
 }
 
 /// The logical axes of a parameter, from the last components of its path. Linear weights are
