@@ -21,6 +21,7 @@ pub mod groups;
 pub mod launcher;
 pub mod loss_parallel;
 pub mod mesh;
+pub mod pp;
 pub mod registry;
 pub mod tp;
 
