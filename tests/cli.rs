@@ -34,8 +34,8 @@ fn unknown_key_in_file_exits_nonzero_with_file_line_and_hint() {
 
 #[test]
 fn unsupported_parallelism_is_a_clear_error() {
-    let o = titan(&["train", "--config", "configs/llama_debug.toml", "--parallelism.pipeline_parallel_degree", "2"]);
-    assert_clean_error(&o, &["pipeline_parallel_degree` = 2 is not supported yet"]);
+    let o = titan(&["train", "--config", "configs/llama_debug.toml", "--parallelism.context_parallel_degree", "2"]);
+    assert_clean_error(&o, &["context_parallel_degree` = 2 is not supported yet"]);
 }
 
 #[test]
@@ -152,10 +152,10 @@ fn bench_train_reports_throughput_and_comm_share_on_a_mesh() {
     let out = assert_ok(&titan(&args.split_whitespace().collect::<Vec<_>>()));
     let row = out
         .lines()
-        .find(|l| l.starts_with("| tiny | 2 (replicate 1 × shard 2 × tp 1) |"))
+        .find(|l| l.starts_with("| tiny | replicate 1 × shard 2 × tp 1 | 2×32 | 2 |"))
         .unwrap_or_else(|| panic!("{out}"));
     let cols: Vec<&str> = row.split('|').map(str::trim).collect();
-    let tps: f64 = cols[5].parse().unwrap();
-    let comm: f64 = cols[6].trim_end_matches('%').parse().unwrap();
+    let tps: f64 = cols[6].parse().unwrap();
+    let comm: f64 = cols[7].trim_end_matches('%').parse().unwrap();
     assert!(tps > 0.0 && comm > 0.0 && comm < 100.0, "{row}");
 }

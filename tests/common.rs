@@ -94,3 +94,24 @@ pub fn losses(dump: &Path) -> Vec<(u64, String, String)> {
         .map(|v| (v["step"].as_u64().unwrap(), v["loss"].to_string(), v["grad_norm"].to_string()))
         .collect()
 }
+
+/// (loss, grad norm) per step from `metrics.jsonl`.
+pub fn metric_values(dump: &Path) -> Vec<(f64, f64)> {
+    losses(dump).into_iter().map(|(_, l, g)| (l.parse().unwrap(), g.parse().unwrap())).collect()
+}
+
+/// Asserts per-step loss and grad norm within `tol` relative of the reference.
+pub fn assert_matches(name: &str, want: &[(f64, f64)], got: &[(f64, f64)], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{name}: steps");
+    for (step, ((l1, g1), (l2, g2))) in want.iter().zip(got).enumerate() {
+        assert!((l1 - l2).abs() <= tol * l1.abs(), "{name} step {}: loss {l2} vs {l1}", step + 1);
+        assert!((g1 - g2).abs() <= tol * g1.abs(), "{name} step {}: grad norm {g2} vs {g1}", step + 1);
+    }
+}
+
+/// Runs the tiny job (global batch 8) with `extra` flags; returns (loss, grad norm) per step.
+pub fn layout_run(dump: &Path, extra: &str, steps: u32) -> Vec<(f64, f64)> {
+    let extra: Vec<&str> = extra.split_whitespace().collect();
+    assert_ok(&run(&tiny_args(dump, steps), &extra));
+    metric_values(dump)
+}

@@ -47,7 +47,7 @@ fn mpi_mismatch_failure_and_hang_end_every_process_with_the_error() {
     assert_fails_fast(&o, t, "collective timed out: rank 0 waited 2.0s in barrier");
 }
 
-/// DDP, FSDP and TP as two MPI processes give exactly the losses of the two-thread runs: both
+/// DDP, FSDP, TP and PP as two MPI processes give exactly the losses of the two-thread runs: both
 /// backends use the same exchange and rank-order reduction. The FSDP run is checkpointed at step
 /// 3 and resumed by a second `mpirun`, and still matches bit for bit.
 #[test]
@@ -56,7 +56,8 @@ fn data_parallel_under_mpirun_equals_the_threads_run_bit_for_bit() {
     let ddp = ["--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data_parallel_shard_degree", "1"];
     let fsdp = ["--parallelism.data_parallel_replicate_degree", "1", "--parallelism.data_parallel_shard_degree", "2"];
     let tp = ["--parallelism.data_parallel_shard_degree", "1", "--parallelism.tensor_parallel_degree", "2"];
-    for (name, layout) in [("ddp", ddp), ("fsdp", fsdp), ("tp", tp)] {
+    let pp = ["--parallelism.data_parallel_shard_degree", "1", "--parallelism.pipeline_parallel_degree", "2"];
+    for (name, layout) in [("ddp", ddp), ("fsdp", fsdp), ("tp", tp), ("pp", pp)] {
         let (threads, procs) = (d.path().join(format!("{name}-threads")), d.path().join(format!("{name}-mpi")));
         let mut dp = layout.to_vec();
         dp.extend_from_slice(&["--training.local_batch_size", "2"]);
@@ -70,7 +71,7 @@ fn data_parallel_under_mpirun_equals_the_threads_run_bit_for_bit() {
             assert_ok(&mpirun(2, &first));
         }
         let out = assert_ok(&mpirun(2, &all));
-        let dp = if name == "tp" { 1 } else { 2 };
+        let dp = if name == "tp" || name == "pp" { 1 } else { 2 };
         assert!(out.contains(&format!("on {dp} data-parallel rank(s)")), "{out}");
         assert_eq!(losses(&threads), losses(&procs), "{name}");
         assert_eq!(losses(&procs).len(), 5, "{name}");

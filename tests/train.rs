@@ -161,10 +161,6 @@ fn shipped_debug_config_learns_below_unigram_entropy() {
     }
 }
 
-fn metric_values(dump: &std::path::Path) -> Vec<(f64, f64)> {
-    losses(dump).into_iter().map(|(_, l, g)| (l.parse().unwrap(), g.parse().unwrap())).collect()
-}
-
 /// Runs the tiny job with `[replicate, shard]` data-parallel ranks and `local` samples per
 /// microbatch (global batch 8); returns (loss, grad norm) per step.
 fn dp_layout(dump: &std::path::Path, replicate: usize, shard: usize, local: usize, steps: u32) -> Vec<(f64, f64)> {
@@ -181,15 +177,6 @@ fn dp_layout(dump: &std::path::Path, replicate: usize, shard: usize, local: usiz
     ];
     assert_ok(&run(&tiny_args(dump, steps), &extra));
     metric_values(dump)
-}
-
-/// Asserts per-step loss and grad norm within `tol` relative of the reference.
-fn assert_matches(name: &str, want: &[(f64, f64)], got: &[(f64, f64)], tol: f64) {
-    assert_eq!(got.len(), want.len(), "{name}: steps");
-    for (step, ((l1, g1), (l2, g2))) in want.iter().zip(got).enumerate() {
-        assert!((l1 - l2).abs() <= tol * l1.abs(), "{name} step {}: loss {l2} vs {l1}", step + 1);
-        assert!((g1 - g2).abs() <= tol * g1.abs(), "{name} step {}: grad norm {g2} vs {g1}", step + 1);
-    }
 }
 
 /// DDP, FSDP and HSDP over threads: the same global batch split over the data-parallel ranks
@@ -228,13 +215,6 @@ fn fsdp_pads_uneven_shards_and_matches_the_single_rank_run() {
     };
     let single = go("single", "1", "6");
     assert_matches("shard3", &single, &go("shard3", "3", "2"), 1e-5);
-}
-
-/// Runs the tiny job (global batch 8) with `extra` flags; returns (loss, grad norm) per step.
-fn layout_run(dump: &std::path::Path, extra: &str, steps: u32) -> Vec<(f64, f64)> {
-    let extra: Vec<&str> = extra.split_whitespace().collect();
-    assert_ok(&run(&tiny_args(dump, steps), &extra));
-    metric_values(dump)
 }
 
 /// Tensor parallelism with sequence parallelism (the default), without it, and composed with FSDP

@@ -10,9 +10,9 @@ use crate::layers::{Embedding, Linear, RmsNorm};
 use crate::rope::RopeTables;
 use burn::module::{ModuleVisitor, Param};
 use burn::prelude::*;
-use std::ops::Range;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
+use std::ops::Range;
 use titan_kernels::{causal_attention, supports_fused_attention};
 
 const INIT_STD: f64 = 0.02;
@@ -159,8 +159,7 @@ impl Transformer {
             tok_embeddings: first.then(|| Embedding::new(seed, "tok_embeddings", a.vocab_size, a.dim, device)),
             layers: layers.map(|l| TransformerBlock::new(a, seed, l, device)).collect(),
             norm: last.then(|| RmsNorm::new(seed, "norm", a.dim, a.norm_eps, device)),
-            output: last
-                .then(|| Linear::new(seed, "output", a.dim, a.vocab_size, (a.dim as f64).powf(-0.5), device)),
+            output: last.then(|| Linear::new(seed, "output", a.dim, a.vocab_size, (a.dim as f64).powf(-0.5), device)),
             rope_theta: a.rope_theta,
             head_dim: a.head_dim(),
             hooks: Hooks::default(),

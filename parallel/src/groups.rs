@@ -19,11 +19,24 @@ pub struct MeshGroups {
     pub shard: Option<Box<dyn Communicator>>,
     /// The tensor-parallel group.
     pub tp: Option<Box<dyn Communicator>>,
+    /// This rank's pipeline stage index and the pipeline group (its rank `i` is stage rank `i`).
+    pub pp_rank: usize,
+    pub pp: Option<Box<dyn Communicator>>,
 }
 
 impl MeshGroups {
     pub fn single() -> Self {
-        Self { world_rank: 0, dp_rank: 0, dp_degree: 1, dp: None, replicate: None, shard: None, tp: None }
+        Self {
+            world_rank: 0,
+            dp_rank: 0,
+            dp_degree: 1,
+            dp: None,
+            replicate: None,
+            shard: None,
+            tp: None,
+            pp_rank: 0,
+            pp: None,
+        }
     }
 
     /// Cuts this rank's groups from `world` (every rank of `world` must call this at the same
@@ -42,14 +55,18 @@ impl MeshGroups {
         let replicate = cut(Axis::DpReplicate, dims.dp_replicate)?;
         let shard = cut(Axis::Fsdp, dims.dp_shard)?;
         let tp = cut(Axis::Tp, dims.tp)?;
+        let pp = cut(Axis::Pp, dims.pp)?;
+        let c = mesh.coords(rank);
         Ok(Self {
             world_rank: rank,
-            dp_rank: mesh.coords(rank).dp_rank(dims),
+            dp_rank: c.dp_rank(dims),
             dp_degree: dims.dp(),
             dp,
             replicate,
             shard,
             tp,
+            pp_rank: c.pp,
+            pp,
         })
     }
 }

@@ -52,9 +52,15 @@ pub fn generate(checkpoint: &Path, o: &GenerateOptions) -> Result<String> {
     let device = Device::flex();
     let mpath = reader.path("model.safetensors");
     let (tensors, _) = load_tensors(&mpath, &reader.read("model.safetensors")?)?;
-    let model =
-        load_model_tensors(build_model(&cfg, &args, 0, &device), tensors, &device, &mpath.display().to_string())
-            .map_err(|e| anyhow!(e))?;
+    let model = load_model_tensors(
+        build_model(&cfg, &args, 0, &device),
+        tensors,
+        &device,
+        &mpath.display().to_string(),
+        &|p| p.to_string(),
+        &|_| false,
+    )
+    .map_err(|e| anyhow!(e))?;
 
     let mut ids: Vec<i64> = tokenizer.encode(&o.prompt)?.into_iter().map(i64::from).collect();
     if ids.is_empty() {

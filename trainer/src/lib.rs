@@ -11,6 +11,8 @@ pub mod metrics;
 pub mod optim;
 pub mod parallelize;
 pub mod paths;
+pub mod pipeline;
+pub mod plan;
 pub mod plot;
 pub mod state;
 pub mod train;

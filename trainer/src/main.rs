@@ -50,6 +50,9 @@ enum Command {
     Train(ConfigArgs),
     /// Print the effective config (defaults < file < overrides) as TOML.
     Config(ConfigArgs),
+    /// Show the pipeline plan without training: the stage split, each rank's forward/backward
+    /// order in time, the bubble, and the other schedules on the same mesh.
+    Plan(ConfigArgs),
     /// Tokenizer tools.
     Tokenizer {
         #[command(subcommand)]
@@ -157,6 +160,7 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Config(a) => print!("{}", to_toml(&a.load()?)),
+        Command::Plan(a) => print!("{}", titan_rs::plan::plan(&a.load()?)?),
         Command::Tokenizer { command: TokenizerCommand::Train { input, vocab_size, out } } => {
             let n = titan_data::train_bpe(&input, vocab_size, &out)?;
             println!("wrote {} ({n} tokens)", out.display());
@@ -194,31 +198,9 @@ fn run(cli: Cli) -> Result<()> {
                 }
             }
             set_threads(&cfg)?;
-            let (flavor, b, t) = (cfg.model.flavor.clone(), cfg.training.local_batch_size, cfg.training.seq_len);
-            let p = &cfg.parallelism;
-            let layout = format!(
-                "replicate {} × shard {} × tp {}{}",
-                p.data_parallel_replicate_degree,
-                p.dims(None).map(|d| d.dp_shard).unwrap_or(1),
-                p.tensor_parallel_degree,
-                if p.tensor_parallel_degree > 1 && !p.enable_sequence_parallel { " (no SP)" } else { "" }
-            );
+            let label = bench::label(&cfg);
             let r = bench::bench(cfg, warmup, steps.max(1))?;
-            println!(
-                "| model | ranks | batch×seq per rank | step (s) | tokens/s (all ranks) | comm share | MFU | peak TFLOP/s | vs PyTorch eager ≈{} tok/s |",
-                bench::PYTORCH_REFERENCE_TPS
-            );
-            println!("|---|---|---|---|---|---|---|---|---|");
-            println!(
-                "| {flavor} | {} ({layout}) | {b}×{t} | {:.3} | {:.0} | {:.1}% | {:.2}% | {:.3} | {:.2}× |",
-                r.ranks,
-                r.step_seconds,
-                r.tokens_per_s,
-                100.0 * r.comm_share,
-                r.mfu,
-                r.peak_tflops,
-                r.tokens_per_s / bench::PYTORCH_REFERENCE_TPS
-            );
+            bench::print_table(&label, &r);
         }
     }
     Ok(())

@@ -4,6 +4,7 @@
 //! into this rank's pieces and back, computes the loss, and completes gradients and their norm.
 
 use crate::grads;
+use crate::pipeline::RankModel;
 use crate::state;
 use crate::trainer::RankContext;
 use anyhow::Result;
@@ -13,14 +14,14 @@ use burn::prelude::*;
 use std::collections::HashSet;
 use titan_checkpoints::{HostTensor, TensorMap};
 use titan_models::loss::cross_entropy_sum;
-use titan_models::{llama::logical_axes, LogicalAxis, Transformer};
+use titan_models::{llama::logical_axes, LogicalAxis};
 use titan_parallel::autograd::host::{self, Prim};
 use titan_parallel::ddp::{all_reduce_gradients, BUCKET_BYTES};
 use titan_parallel::fsdp::{fully_shard, Sharding};
 use titan_parallel::loss_parallel::vocab_parallel_cross_entropy_sum;
-use titan_parallel::registry::{with_group, GroupHandle};
+use titan_parallel::registry::with_group;
 use titan_parallel::tp::{apply_tensor_parallel, TensorParallel};
-use titan_parallel::CommExt;
+use titan_parallel::{CommExt, Communicator};
 
 /// The dimension tensor parallelism splits: the one whose logical axis is heads, kv heads, the
 /// FFN hidden units or the vocabulary (Megatron's column/row choice follows from the layout:
@@ -39,16 +40,12 @@ pub struct Placement {
     tp_split: HashSet<ParamId>,
 }
 
-/// Applies TP, then FSDP, to a full model.
-pub fn parallelize_llama(
-    mut model: Transformer,
-    rank: &RankContext,
-    sequence_parallel: bool,
-) -> (Transformer, Placement) {
+/// Applies TP, then FSDP, to this rank's full stages (pipeline parallelism chose the stages).
+pub fn parallelize_llama(mut model: RankModel, rank: &RankContext, sequence_parallel: bool) -> (RankModel, Placement) {
     let mut placement = Placement::default();
     if let Some(g) = &rank.tp {
         let (m, tp, hooks) = apply_tensor_parallel(model, g, sequence_parallel, tp_split_dim);
-        model = m.with_hooks(hooks);
+        model = RankModel { chunks: m.chunks.into_iter().map(|c| c.with_hooks(hooks.clone())).collect() };
         placement.tp_split = state::param_ids(&model)
             .into_iter()
             .filter(|(_, p)| tp.split_dims.contains_key(p))
@@ -81,7 +78,7 @@ impl Placement {
     /// Completes gradients after backward (FSDP's were reduce-scattered inside it): under
     /// sequence parallelism the replicated (norm) gradients are partial per TP rank and are
     /// summed; then replicas sum all of theirs.
-    pub fn reduce_gradients(&self, model: &Transformer, acc: &mut GradientsParams, rank: &RankContext) -> Result<()> {
+    pub fn reduce_gradients(&self, model: &RankModel, acc: &mut GradientsParams, rank: &RankContext) -> Result<()> {
         if let Some(tp) = self.tp.as_ref().filter(|tp| tp.replicated_grads_are_partial()) {
             with_group(tp.group.id(), |c| {
                 all_reduce_gradients(model, acc, c, BUCKET_BYTES, &|id| !self.tp_split.contains(&id))
@@ -95,8 +92,8 @@ impl Placement {
 
     /// The norm of the whole gradient, every parameter counted once: TP-split parameters' squares
     /// are summed over the TP group (replicated ones are equal there), then FSDP shards' over the
-    /// shard group (padding is zero); replicas are not summed.
-    pub fn grad_norm(&self, model: &Transformer, acc: &GradientsParams, rank: &RankContext) -> Result<f64> {
+    /// shard group (padding is zero), then the pipeline stages'; replicas are not summed.
+    pub fn grad_norm(&self, model: &RankModel, acc: &GradientsParams, rank: &RankContext) -> Result<f64> {
         let (mut split, mut replicated) = (0.0f64, 0.0f64);
         for (id, sq) in grads::squared_norms(model, acc) {
             if self.tp_split.contains(&id) {
@@ -106,11 +103,14 @@ impl Placement {
             }
         }
         if let Some(tp) = &self.tp {
-            split = sum_over(&tp.group, split)?;
+            split = with_group(tp.group.id(), |c| sum_over(c, split))?;
         }
         let mut total = split + replicated;
         if let Some(g) = &rank.fsdp {
-            total = sum_over(g, total)?;
+            total = with_group(g.id(), |c| sum_over(c, total))?;
+        }
+        if let Some(pp) = &rank.pp {
+            total = sum_over(pp.as_ref(), total)?;
         }
         Ok(total.sqrt())
     }
@@ -159,10 +159,10 @@ impl Placement {
     }
 }
 
-/// `x` summed over `g` (each rank's value gathered, summed in rank order in f64).
-fn sum_over(g: &GroupHandle, x: f64) -> Result<f64> {
-    let mut parts = vec![0f32; g.size()];
-    with_group(g.id(), |c| c.all_gather(&[x as f32], &mut parts))?;
+/// `x` summed over `c` (each rank's value gathered, summed in rank order in f64).
+fn sum_over(c: &dyn Communicator, x: f64) -> Result<f64> {
+    let mut parts = vec![0f32; c.size()];
+    c.all_gather(&[x as f32], &mut parts)?;
     Ok(parts.iter().map(|&p| p as f64).sum())
 }
 

@@ -95,24 +95,28 @@ pub fn model_to_tensors<M: Module>(model: &M) -> TensorMap {
     v.out
 }
 
-/// Replaces every parameter with the tensor of the same path. Missing, extra and mis-shaped
-/// tensors are errors that name the parameter (`what` names the source, e.g. the file).
+/// Replaces every parameter with the tensor named `name(path)`. Missing and mis-shaped tensors
+/// are errors that name the tensor (`what` names the source, e.g. the file), and so are tensors
+/// left over, except those `elsewhere` says another rank holds.
 pub fn load_model_tensors<M: Module>(
     model: M,
     mut tensors: TensorMap,
     device: &Device,
     what: &str,
+    name: &dyn Fn(&str) -> String,
+    elsewhere: &dyn Fn(&str) -> bool,
 ) -> Result<M, String> {
     struct L<'a> {
         path: Path,
         tensors: &'a mut TensorMap,
         device: &'a Device,
         error: Option<String>,
+        name: &'a dyn Fn(&str) -> String,
     }
     impl ModuleMapper for L<'_> {
         path_tracking!();
         fn map_float<const D: usize>(&mut self, p: Param<Tensor<D>>) -> Param<Tensor<D>> {
-            let path = self.path.join();
+            let path = (self.name)(&self.path.join());
             let want = p.lazy_shape().to_vec();
             match self.tensors.remove(&path) {
                 Some(t) if t.shape == want => {
@@ -134,12 +138,12 @@ pub fn load_model_tensors<M: Module>(
             }
         }
     }
-    let mut l = L { path: Path::default(), tensors: &mut tensors, device, error: None };
+    let mut l = L { path: Path::default(), tensors: &mut tensors, device, error: None, name };
     let model = model.map(&mut l);
     if let Some(e) = l.error {
         return Err(format!("{what}: {e}"));
     }
-    if let Some(extra) = tensors.keys().next() {
+    if let Some(extra) = tensors.keys().find(|k| !elsewhere(k)) {
         return Err(format!(
             "{what}: tensor {extra} matches no parameter of this model (a checkpoint of another model?)"
         ));

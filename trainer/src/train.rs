@@ -89,8 +89,21 @@ fn start_logging(t: &Trainer, dump: &std::path::Path, steps: u64) -> Result<Metr
         Some(g) => format!(", tensor parallel {}", g.size()),
         None => String::new(),
     };
+    let l = &t.layout;
+    let pp = if l.split.pp > 1 {
+        format!(
+            ", pipeline {} {} ({} stages of layers {:?}, {} microbatches)",
+            l.split.pp,
+            l.schedule.name(),
+            l.split.num_stages(),
+            l.split.layers,
+            l.microbatches
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "training steps {}..={steps}: {} tokens/step on {dp} data-parallel rank(s) (replicate {} × shard {shard}){tp}, {} microbatch(es) of {}×{} per rank, peak {peak:.3} TFLOP/s for MFU",
+        "training steps {}..={steps}: {} tokens/step on {dp} data-parallel rank(s) (replicate {} × shard {shard}){tp}{pp}, {} microbatch(es) of {}×{} per rank, peak {peak:.3} TFLOP/s for MFU",
         t.step + 1,
         t.tokens_per_step(),
         dp / shard,
@@ -124,7 +137,7 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
             t.args.vocab_size
         );
         if cfg.debug.print_param_specs {
-            for s in t.model.param_specs() {
+            for s in t.model.chunks.iter().flat_map(|c| c.param_specs()) {
                 println!("  {s}");
             }
         }

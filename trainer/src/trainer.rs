@@ -6,6 +6,7 @@ use crate::grads;
 use crate::lr_schedule::LrSchedule;
 use crate::optim::{AdamW, AdamWConfig};
 use crate::parallelize::{parallelize_llama, Placement};
+use crate::pipeline::{forward_only, gather_stages, run_schedule, RankLayout, RankModel, StepInputs};
 use crate::{paths, state};
 use anyhow::{anyhow, bail, Context, Result};
 use burn::optim::GradientsParams;
@@ -32,6 +33,12 @@ pub struct StepStats {
     pub seconds: f64,
     /// Of `seconds`, the time spent inside collectives (including waiting for other ranks).
     pub comm_seconds: f64,
+    /// Of `seconds`, the time spent computing forward and backward passes (the rest is
+    /// communication, pipeline bubbles and the optimizer).
+    pub busy_seconds: f64,
+    /// Of `seconds`, the wall time of the forward/backward schedule (`busy_seconds` plus the
+    /// waits for other pipeline stages): `1 − busy / pipeline` is the measured bubble.
+    pub pipeline_seconds: f64,
     /// This rank's parameter and optimizer-state bytes (shards under FSDP).
     pub param_bytes: usize,
     pub optim_bytes: usize,
@@ -62,6 +69,9 @@ pub struct RankContext {
     pub fsdp: Option<GroupHandle>,
     /// The tensor-parallel group, registered likewise.
     pub tp: Option<GroupHandle>,
+    /// The pipeline stage index and group (point-to-point between stages).
+    pub pp_rank: usize,
+    pub pp: Option<Box<dyn Communicator>>,
 }
 
 impl RankContext {
@@ -79,6 +89,8 @@ impl RankContext {
             replicate: g.replicate,
             fsdp: g.shard.map(register),
             tp: g.tp.map(register),
+            pp_rank: g.pp_rank,
+            pp: g.pp,
         }
     }
 }
@@ -88,7 +100,9 @@ pub struct Trainer {
     pub rank: RankContext,
     pub args: ModelArgs,
     pub device: Device,
-    pub model: Transformer,
+    /// This rank's pipeline stages (the whole model without pipeline parallelism).
+    pub model: RankModel,
+    pub layout: RankLayout,
     pub optim: AdamW,
     pub schedule: LrSchedule,
     pub loader: DataLoader,
@@ -155,9 +169,12 @@ impl Trainer {
         } else {
             Vec::new()
         };
+        let layout = RankLayout::new(&cfg.parallelism, &args, cfg.training.local_batch_size as usize, rank.pp_rank)
+            .map_err(|e| anyhow!(e))?;
+        let fused = cfg.model.attention == "fused";
         let sp = cfg.parallelism.enable_sequence_parallel;
         let (model, placement) =
-            parallelize_llama(build_model(&cfg, &args, cfg.training.seed as u64, &device), &rank, sp);
+            parallelize_llama(layout.build(&args, cfg.training.seed as u64, fused, &device), &rank, sp);
         let checkpoints = CheckpointFolder::new(PathBuf::from(&cfg.job.dump_folder).join(&cfg.checkpoint.folder));
         let mut t = Self {
             optim: AdamW::new(AdamWConfig::from_config(&cfg.optimizer)),
@@ -165,6 +182,7 @@ impl Trainer {
             args,
             device,
             model,
+            layout,
             loader,
             tokenizer,
             step: 0,
@@ -196,23 +214,28 @@ impl Trainer {
         // Every rank's batch has the same shape, so the global token count is known up front.
         let total_tokens = local_tokens * self.rank.dp_degree;
         let inject = self.cfg.debug.inject_nonfinite_at_step == step as i64;
-        let mut loss_sum = 0.0f64;
+        let (mut loss_sum, mut busy) = (0.0f64, 0.0f64);
         let mut acc = GradientsParams::new();
-        for mb in &microbatches {
-            let inputs = to_tensor_2d(&mb.inputs, mb.batch, mb.seq_len, &self.device);
-            let targets = to_tensor_2d(&mb.targets, mb.batch, mb.seq_len, &self.device);
-            let mut loss = self.placement.loss(self.model.forward(inputs), targets).div_scalar(total_tokens as f64);
-            if inject {
-                loss = loss.mul_scalar(f64::NAN);
-            }
-            loss_sum += loss.clone().into_scalar::<f32>() as f64;
-            let g = GradientsParams::from_grads(loss.backward(), &self.model);
-            grads::accumulate(&self.model, &mut acc, g);
+        let pipeline_start = Instant::now();
+        for batch in &microbatches {
+            let io = StepInputs {
+                batch,
+                total_tokens,
+                inject_nan: inject,
+                hidden_positions: self.hidden_positions(),
+                dim: self.args.dim,
+            };
+            let pp = self.rank.pp.as_deref();
+            let out = run_schedule(&self.model, &self.layout, &self.placement, pp, &io, &self.device, &mut acc)?;
+            loss_sum += out.loss;
+            busy += out.busy.as_secs_f64();
         }
+        let pipeline_seconds = pipeline_start.elapsed().as_secs_f64();
         self.placement.reduce_gradients(&self.model, &mut acc, &self.rank)?;
-        if let Some(dp) = &self.rank.dp {
+        // The loss lives on the last pipeline stage of every data-parallel rank.
+        for group in [&self.rank.dp, &self.rank.pp].into_iter().flatten() {
             let mut l = [loss_sum as f32];
-            dp.all_reduce(&mut l, ReduceOp::Sum)?;
+            group.all_reduce(&mut l, ReduceOp::Sum)?;
             loss_sum = l[0] as f64;
         }
         let grad_norm = self.placement.grad_norm(&self.model, &acc, &self.rank)?;
@@ -225,8 +248,7 @@ impl Trainer {
             );
         }
         let scale = grads::clip_coefficient(grad_norm, self.cfg.training.max_norm);
-        let placeholder = build_model(&self.cfg, &self.args, 0, &self.device); // lazy: allocates nothing
-        let model = std::mem::replace(&mut self.model, placeholder);
+        let model = std::mem::replace(&mut self.model, RankModel { chunks: Vec::new() });
         self.model = self.optim.step(model, acc, lr, scale);
         self.step = step;
         Ok(StepStats {
@@ -237,9 +259,20 @@ impl Trainer {
             tokens: local_tokens,
             seconds: start.elapsed().as_secs_f64(),
             comm_seconds: titan_parallel::comm::timing::take_seconds(),
+            busy_seconds: busy,
+            pipeline_seconds,
             param_bytes: state::param_bytes(&self.model),
             optim_bytes: self.optim.state_bytes(),
         })
+    }
+
+    /// Positions per rank in the hidden states between pipeline stages.
+    fn hidden_positions(&self) -> usize {
+        let seq = self.cfg.training.seq_len as usize;
+        match &self.rank.tp {
+            Some(g) if self.cfg.parallelism.enable_sequence_parallel => seq / g.size(),
+            _ => seq,
+        }
     }
 
     pub fn validation_enabled(&self) -> bool {
@@ -251,12 +284,16 @@ impl Trainer {
         let model = self.model.valid();
         let device = self.device.clone().without_autodiff();
         let (mut sum, mut n) = (0.0f64, 0usize);
+        let pp = self.rank.pp.as_deref();
         for b in &self.val_batches {
-            let logits = model.forward(to_tensor_2d(&b.inputs, b.batch, b.seq_len, &device));
-            let l: f32 =
-                self.placement.loss(logits, to_tensor_2d(&b.targets, b.batch, b.seq_len, &device)).into_scalar();
-            sum += l as f64;
+            let (h, dim) = (self.hidden_positions(), self.args.dim);
+            sum += forward_only(&model, &self.layout, &self.placement, pp, b, h, dim, &device)?;
             n += b.num_tokens();
+        }
+        if let Some(pp) = pp {
+            let mut s = [sum as f32];
+            pp.all_reduce(&mut s, ReduceOp::Sum)?;
+            sum = s[0] as f64;
         }
         Ok((sum / n as f64, n))
     }
@@ -267,9 +304,11 @@ impl Trainer {
     pub fn save_checkpoint(&self) -> Result<Option<PathBuf>> {
         let model_t = self.placement.gather_full(state::model_to_tensors(&self.model), &self.rank)?;
         let optim_t = self.placement.gather_full(self.optim.state_dict(&self.model), &self.rank)?;
-        if self.rank.world_rank != 0 {
+        let (Some(model_t), Some(optim_t)) =
+            (gather_stages(model_t, &self.layout, &self.rank)?, gather_stages(optim_t, &self.layout, &self.rank)?)
+        else {
             return Ok(None);
-        }
+        };
         let meta =
             HashMap::from([("step".to_string(), self.step.to_string()), ("format".to_string(), "pt".to_string())]);
         let model = save_tensors(&model_t, meta.clone())?;
@@ -315,15 +354,19 @@ impl Trainer {
             .with_context(|| format!("{} is corrupt", r.path("train_state.json").display()))?;
         let mpath = r.path("model.safetensors");
         let (tensors, _) = load_tensors(&mpath, &r.read("model.safetensors")?)?;
-        let fresh = build_model(&self.cfg, &self.args, 0, &self.device);
+        let fresh = self.layout.build(&self.args, 0, self.cfg.model.attention == "fused", &self.device);
+        let names = |local: &str| self.layout.global_key(local);
+        let elsewhere = |key: &str| self.layout.local_key(key).is_none();
         let full =
-            state::load_model_tensors(fresh, tensors, &self.device, &mpath.display().to_string()).map_err(|e| {
+            state::load_model_tensors(fresh, tensors, &self.device, &mpath.display().to_string(), &names, &elsewhere)
+                .map_err(|e| {
                 anyhow!("{e}; checkpoint flavor is {:?}, this config's is {:?}", ts.flavor, self.cfg.model.flavor)
             })?;
         let sp = self.cfg.parallelism.enable_sequence_parallel;
         (self.model, self.placement) = parallelize_llama(full, &self.rank, sp);
         let opath = r.path("optimizer.safetensors");
         let (ot, _) = load_tensors(&opath, &r.read("optimizer.safetensors")?)?;
+        let ot = ot.into_iter().filter_map(|(k, t)| Some((self.layout.local_key(&k)?, t))).collect();
         let ot = self.placement.shard_full(ot);
         self.optim
             .load_state_dict(&self.model, ts.optimizer_step, ot, &self.device.clone().without_autodiff())

@@ -29,6 +29,15 @@ impl Schedule {
         })
     }
 
+    /// The config name (the inverse of `parse`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Schedule::GPipe => "GPipe",
+            Schedule::OneFOneB => "1F1B",
+            Schedule::Interleaved1F1B => "Interleaved1F1B",
+        }
+    }
+
     pub fn is_interleaved(self) -> bool {
         self == Schedule::Interleaved1F1B
     }
@@ -72,6 +81,20 @@ pub fn rank_actions(schedule: Schedule, pp: usize, v: usize, n: usize, rank: usi
             one_f_one_b(total, warmup, |k| f(chunk(k) * pp + rank, mb(k)), |k| b((v - 1 - chunk(k)) * pp + rank, mb(k)))
         }
     }
+}
+
+/// The most microbatch-stages whose activations a rank holds at once (forwards run whose
+/// backward has not): what the schedule costs in activation memory.
+pub fn peak_in_flight(actions: &[Action]) -> usize {
+    let (mut live, mut peak) = (0usize, 0usize);
+    for a in actions {
+        match a {
+            Action::Forward { .. } => live += 1,
+            Action::Backward { .. } => live = live.saturating_sub(1),
+        }
+        peak = peak.max(live);
+    }
+    peak
 }
 
 /// `warmup` forwards, then forward/backward pairs, then the remaining backwards.
@@ -216,12 +239,8 @@ mod tests {
         assert!(t.bubble < 3.0 / 11.0 * 0.75, "{}", t.bubble);
         // 1F1B keeps at most pp − rank microbatches in flight on rank `rank`.
         let a = rank_actions(Schedule::OneFOneB, 4, 1, 8, 0);
-        let mut live: i32 = 0;
-        let mut peak = 0;
-        for x in a {
-            live += if matches!(x, Action::Forward { .. }) { 1 } else { -1 };
-            peak = peak.max(live);
-        }
-        assert_eq!(peak, 4);
+        assert_eq!(peak_in_flight(&a), 4);
+        assert_eq!(peak_in_flight(&rank_actions(Schedule::OneFOneB, 4, 1, 8, 3)), 1);
+        assert_eq!(peak_in_flight(&rank_actions(Schedule::GPipe, 4, 1, 8, 3)), 8);
     }
 }

@@ -18,9 +18,18 @@ impl StageSplit {
     /// `layers_per_stage = None`: an even split into `pp` stages (two per rank for the
     /// interleaved schedule), the first stages taking one more layer where it does not divide.
     /// Errors name the `[parallelism]` key and what would work.
-    pub fn new(n_layers: usize, pp: usize, schedule: Schedule, layers_per_stage: Option<usize>) -> Result<Self, String> {
+    pub fn new(
+        n_layers: usize,
+        pp: usize,
+        schedule: Schedule,
+        layers_per_stage: Option<usize>,
+    ) -> Result<Self, String> {
         let stages = match layers_per_stage {
-            Some(0) => return Err("`parallelism.pipeline_parallel_layers_per_stage` must be >= 1 (or -1 for an even split)".into()),
+            Some(0) => {
+                return Err(
+                    "`parallelism.pipeline_parallel_layers_per_stage` must be >= 1 (or -1 for an even split)".into()
+                )
+            }
             Some(l) => n_layers.div_ceil(l),
             None if schedule.is_interleaved() => 2 * pp,
             None => pp,

@@ -85,9 +85,9 @@ fn impossible_values_name_key_and_allowed_values() {
 
 #[test]
 fn parallel_degrees_other_than_one_are_not_supported_yet() {
-    let e = err("[parallelism]\npipeline_parallel_degree = 2\n", &[]);
+    let e = err("[parallelism]\ncontext_parallel_degree = 2\n", &[]);
     assert!(
-        e.contains("`parallelism.pipeline_parallel_degree` = 2 is not supported yet") && e.contains("set it to 1"),
+        e.contains("`parallelism.context_parallel_degree` = 2 is not supported yet") && e.contains("set it to 1"),
         "{e}"
     );
     // Sequence parallelism splits the sequence over the TP ranks.

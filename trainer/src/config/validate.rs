@@ -19,7 +19,7 @@ fn positive(errors: &mut Vec<String>, key: &str, value: i64) {
 fn not_yet(errors: &mut Vec<String>, key: &str, value: i64, ok: &[i64]) {
     if !ok.contains(&value) {
         errors.push(format!(
-            "`{key}` = {value} is not supported yet: this build trains with data parallelism (`parallelism.data_parallel_replicate_degree` for DDP, `data_parallel_shard_degree` for FSDP, both for HSDP) and tensor parallelism (`tensor_parallel_degree`); set it to {}",
+            "`{key}` = {value} is not supported yet: this build trains with data parallelism (`parallelism.data_parallel_replicate_degree` for DDP, `data_parallel_shard_degree` for FSDP, both for HSDP), tensor parallelism (`tensor_parallel_degree`) and pipeline parallelism (`pipeline_parallel_degree`); set it to {}",
             ok[0]
         ));
     }
@@ -100,7 +100,6 @@ pub fn validate(c: &JobConfig) -> Result<()> {
             t.seq_len
         ));
     }
-    not_yet(&mut e, "parallelism.pipeline_parallel_degree", p.pipeline_parallel_degree, &[1]);
     not_yet(&mut e, "parallelism.context_parallel_degree", p.context_parallel_degree, &[1]);
     not_yet(&mut e, "parallelism.expert_parallel_degree", p.expert_parallel_degree, &[1]);
     if p.fsdp_reshard_after_forward == "always" {
@@ -156,6 +155,13 @@ pub fn validate(c: &JobConfig) -> Result<()> {
         let dims = p.dims(None);
         match dims {
             Ok(d) => {
+                // (An unknown schedule is reported above.)
+                let schedule_known = titan_parallel::pp::Schedule::parse(&p.pipeline_parallel_schedule).is_some();
+                if let (true, Err(msg)) =
+                    (schedule_known, crate::pipeline::RankLayout::new(p, &args, t.local_batch_size.max(1) as usize, 0))
+                {
+                    e.push(msg);
+                }
                 if let Err(msg) = d.validate_model(
                     args.n_heads,
                     args.n_kv_heads,

@@ -3,7 +3,7 @@
 //! single-rank cross-entropy.
 
 use super::*;
-use titan_models::ModelArgs;
+use titan_models::{ModelArgs, Transformer};
 use titan_parallel::{run_ranks, MeshGroups};
 
 #[test]
@@ -21,8 +21,9 @@ fn tensor_parallel_logits_are_vocab_slices_and_the_loss_is_the_full_one() {
     for (tp, sp) in [(2, true), (2, false)] {
         run_ranks(tp, std::time::Duration::from_secs(60), |c| {
             let rank = RankContext::new(MeshGroups { tp: Some(Box::new(c)), ..MeshGroups::single() });
-            let (model, placement) = parallelize_llama(Transformer::new(&args, 7, &device), &rank, sp);
-            let logits = model.forward(ids(0));
+            let whole = RankModel { chunks: vec![Transformer::new(&args, 7, &device)] };
+            let (model, placement) = parallelize_llama(whole, &rank, sp);
+            let logits = model.chunks[0].forward(ids(0));
             assert_eq!(logits.dims(), [b, t, args.vocab_size / tp], "what the loss receives");
             let got: f32 = placement.loss(logits, ids(1)).into_scalar();
             assert!((got - want).abs() <= 1e-5 * want.abs(), "tp {tp} sp {sp}: {got} vs {want}");

@@ -1,0 +1,323 @@
+//! The stages this rank holds and the execution of a pipeline schedule over them.
+//!
+//! Every layout runs through here: without pipeline parallelism the rank holds one stage (the
+//! whole model) and the schedule is one forward and one backward. With it, activations go to the
+//! next stage and gradients to the previous one by send/recv; a stage's backward starts from the
+//! gradient of its output (`(y · dy).sum().backward()`, the vector-Jacobian product), and the
+//! parameter gradients of all microbatches are accumulated.
+
+use crate::grads;
+use crate::parallelize::Placement;
+use crate::trainer::{to_tensor_2d, RankContext};
+use anyhow::{bail, Result};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+use titan_checkpoints::{load_tensors, save_tensors, TensorMap};
+use titan_data::Batch;
+use titan_models::llama::StageInput;
+use titan_models::{ModelArgs, Transformer};
+use titan_parallel::pp::schedule::{check_microbatches, rank_actions};
+use titan_parallel::pp::{Action, Schedule, StageSplit};
+use titan_parallel::{CommExt, Communicator};
+
+/// The pipeline stages on this rank (`chunks[c]` is stage `c·pp + pp_rank`); one chunk holding
+/// the whole model without pipeline parallelism.
+#[derive(Module, Debug)]
+pub struct RankModel {
+    pub chunks: Vec<Transformer>,
+}
+
+/// Where this rank sits in the pipeline, and how it runs a step.
+#[derive(Debug, Clone)]
+pub struct RankLayout {
+    pub split: StageSplit,
+    pub schedule: Schedule,
+    pub microbatches: usize,
+    pub pp_rank: usize,
+    /// The global stage of each local chunk.
+    pub stages: Vec<usize>,
+}
+
+impl RankLayout {
+    /// The layout the config gives for pipeline rank `pp_rank` of `pp`; errors name the key.
+    pub fn new(
+        p: &crate::config::Parallelism,
+        args: &ModelArgs,
+        local_batch: usize,
+        pp_rank: usize,
+    ) -> Result<Self, String> {
+        let pp = p.pipeline_parallel_degree.max(1) as usize;
+        let schedule = Schedule::parse(&p.pipeline_parallel_schedule).ok_or_else(|| {
+            format!(
+                "`parallelism.pipeline_parallel_schedule` = {:?} is not a schedule; use \"GPipe\", \"1F1B\" or \"Interleaved1F1B\"",
+                p.pipeline_parallel_schedule
+            )
+        })?;
+        let (schedule, microbatches) = if pp == 1 {
+            (Schedule::GPipe, 1)
+        } else {
+            let n = if p.num_pp_microbatches == -1 { pp } else { p.num_pp_microbatches.max(0) as usize };
+            check_microbatches(schedule, pp, n)?;
+            if local_batch % n != 0 {
+                return Err(format!(
+                    "`training.local_batch_size` = {local_batch} does not split into `parallelism.num_pp_microbatches` = {n} microbatches; use a multiple of {n}"
+                ));
+            }
+            (schedule, n)
+        };
+        let lps = (p.pipeline_parallel_layers_per_stage > 0).then_some(p.pipeline_parallel_layers_per_stage as usize);
+        let split = StageSplit::new(args.n_layers, pp, schedule, lps)?;
+        let stages = split.stages_of_rank(pp_rank);
+        Ok(Self { split, schedule, microbatches, pp_rank, stages })
+    }
+
+    fn last_stage(&self) -> usize {
+        self.split.num_stages() - 1
+    }
+
+    /// This rank's stages of the model, lazily initialised exactly as the whole model would be.
+    pub fn build(&self, args: &ModelArgs, seed: u64, fused_attention: bool, device: &Device) -> RankModel {
+        let last = self.last_stage();
+        let chunks = self
+            .stages
+            .iter()
+            .map(|&s| {
+                Transformer::stage(args, seed, device, self.split.layers[s].clone(), s == 0, s == last)
+                    .with_fused_attention(fused_attention)
+            })
+            .collect();
+        RankModel { chunks }
+    }
+
+    /// The whole model's name of a local parameter key (`[exp_avg.]chunks.C.layers.I.…` →
+    /// `[exp_avg.]layers.G.…`), as checkpoints store it.
+    pub fn global_key(&self, local: &str) -> String {
+        let (prefix, rest) = split_prefix(local);
+        let mut parts = rest.splitn(3, '.');
+        let (Some("chunks"), Some(c), Some(rest)) = (parts.next(), parts.next(), parts.next()) else {
+            return local.to_string();
+        };
+        let stage = self.stages[c.parse::<usize>().expect("chunk index")];
+        match layer_of(rest) {
+            Some((i, tail)) => format!("{prefix}layers.{}.{tail}", self.split.layers[stage].start + i),
+            None => format!("{prefix}{rest}"),
+        }
+    }
+
+    /// The local key of a checkpoint key, or `None` when another pipeline rank holds it.
+    pub fn local_key(&self, global: &str) -> Option<String> {
+        let (prefix, rest) = split_prefix(global);
+        let (chunk, rest) = match layer_of(rest) {
+            Some((g, tail)) => {
+                let c = self.stages.iter().position(|&s| self.split.layers[s].contains(&g))?;
+                (c, format!("layers.{}.{tail}", g - self.split.layers[self.stages[c]].start))
+            }
+            None if rest.starts_with("tok_embeddings.") => {
+                (self.stages.iter().position(|&s| s == 0)?, rest.to_string())
+            }
+            None if rest.starts_with("norm.") || rest.starts_with("output.") => {
+                (self.stages.iter().position(|&s| s == self.last_stage())?, rest.to_string())
+            }
+            // Not a parameter of this model: keep it so the loader reports it.
+            None => (0, rest.to_string()),
+        };
+        Some(format!("{prefix}chunks.{chunk}.{rest}"))
+    }
+}
+
+fn split_prefix(key: &str) -> (&str, &str) {
+    for p in ["exp_avg.", "exp_avg_sq."] {
+        if let Some(rest) = key.strip_prefix(p) {
+            return (p, rest);
+        }
+    }
+    ("", key)
+}
+
+/// `layers.I.tail` → `(I, tail)`.
+fn layer_of(path: &str) -> Option<(usize, &str)> {
+    let rest = path.strip_prefix("layers.")?;
+    let (i, tail) = rest.split_once('.')?;
+    Some((i.parse().ok()?, tail))
+}
+
+/// What a forward left for its backward.
+enum Saved {
+    /// Last stage: the input leaf (None when it is also stage 0) and the loss.
+    Loss(Option<Tensor<3>>, Tensor<1>),
+    /// Other stages: the input leaf (None on stage 0) and the output.
+    Output(Option<Tensor<3>>, Tensor<3>),
+}
+
+/// One step's data and settings for the pipeline.
+pub struct StepInputs<'a> {
+    pub batch: &'a Batch,
+    /// The global number of target tokens of the step (the loss is divided by it).
+    pub total_tokens: usize,
+    pub inject_nan: bool,
+    /// Positions per rank in the hidden states between stages (`seq_len / tp` under SP).
+    pub hidden_positions: usize,
+    pub dim: usize,
+}
+
+/// What running the schedule on one batch produced on this rank.
+pub struct StepOutputs {
+    /// The loss of the batch (summed over its microbatches); 0 on ranks without the last stage.
+    pub loss: f64,
+    /// Time spent computing (forward and backward, not waiting for other stages).
+    pub busy: Duration,
+}
+
+fn tag(stage: usize, microbatch: usize, stages: usize, backward: bool) -> u32 {
+    ((microbatch * stages + stage) * 2 + usize::from(backward)) as u32
+}
+
+/// Runs this rank's schedule for one batch (split into the layout's microbatches), adding the
+/// parameter gradients to `acc`.
+pub fn run_schedule(
+    model: &RankModel,
+    layout: &RankLayout,
+    placement: &Placement,
+    pp: Option<&dyn Communicator>,
+    io: &StepInputs,
+    device: &Device,
+    acc: &mut GradientsParams,
+) -> Result<StepOutputs> {
+    let (b, t) = (io.batch.batch / layout.microbatches, io.batch.seq_len);
+    let stages = layout.split.num_stages();
+    let rows = |v: &[i64], m: usize| to_tensor_2d(&v[m * b * t..(m + 1) * b * t], b, t, device);
+    let hidden = [b, io.hidden_positions, io.dim];
+    let n_hidden = b * io.hidden_positions * io.dim;
+    let peer = |stage: usize| layout.split.rank_of_stage(stage);
+    let comm = || pp.expect("a pipeline of several ranks has a pp group");
+    let mut saved: HashMap<(usize, usize), Saved> = HashMap::new();
+    let (mut loss_sum, mut busy) = (0.0f64, Duration::ZERO);
+    for action in
+        rank_actions(layout.schedule, layout.split.pp, layout.split.virtual_stages, layout.microbatches, layout.pp_rank)
+    {
+        let mut waited = Duration::ZERO;
+        let start = Instant::now();
+        let mut recv = |stage: usize, m: usize, from: usize, backward: bool| -> Result<Tensor<3>> {
+            let w = Instant::now();
+            let mut buf = vec![0f32; n_hidden];
+            comm().recv(&mut buf, peer(from), tag(stage, m, stages, backward))?;
+            waited += w.elapsed();
+            Ok(Tensor::from_data(TensorData::new(buf, hidden), device))
+        };
+        match action {
+            Action::Forward { stage, microbatch: m } => {
+                let chunk = &model.chunks[stage / layout.split.pp];
+                let (input, x) = if stage == 0 {
+                    (StageInput::Tokens(rows(&io.batch.inputs, m)), None)
+                } else {
+                    let x = recv(stage, m, stage - 1, false)?.require_grad();
+                    (StageInput::Hidden(x.clone()), Some(x))
+                };
+                let y = chunk.forward_stage(input, t);
+                if stage == stages - 1 {
+                    let mut loss = placement.loss(y, rows(&io.batch.targets, m)).div_scalar(io.total_tokens as f64);
+                    if io.inject_nan {
+                        loss = loss.mul_scalar(f64::NAN);
+                    }
+                    loss_sum += loss.clone().into_scalar::<f32>() as f64;
+                    saved.insert((stage, m), Saved::Loss(x, loss));
+                } else {
+                    let data = y.clone().into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 activations");
+                    comm().send(&data, peer(stage + 1), tag(stage + 1, m, stages, false))?;
+                    saved.insert((stage, m), Saved::Output(x, y));
+                }
+            }
+            Action::Backward { stage, microbatch: m } => {
+                let Some(s) = saved.remove(&(stage, m)) else { bail!("schedule runs backward before forward") };
+                let (x, grads) = match s {
+                    Saved::Loss(x, loss) => (x, loss.backward()),
+                    Saved::Output(x, y) => {
+                        let dy = recv(stage, m, stage + 1, true)?;
+                        (x, (y * dy).sum().backward())
+                    }
+                };
+                if let Some(x) = x {
+                    let dx = x.grad(&grads).expect("the stage input takes part in the loss");
+                    let data = dx.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 gradient");
+                    comm().send(&data, peer(stage - 1), tag(stage - 1, m, stages, true))?;
+                }
+                grads::accumulate(model, acc, GradientsParams::from_grads(grads, model));
+            }
+        }
+        busy += start.elapsed().saturating_sub(waited);
+    }
+    Ok(StepOutputs { loss: loss_sum, busy })
+}
+
+/// The summed loss of `batch` through this rank's stages in order, without gradients (0 on
+/// ranks without the last stage).
+pub fn forward_only(
+    model: &RankModel,
+    layout: &RankLayout,
+    placement: &Placement,
+    pp: Option<&dyn Communicator>,
+    batch: &Batch,
+    hidden_positions: usize,
+    dim: usize,
+    device: &Device,
+) -> Result<f64> {
+    let (b, t) = (batch.batch, batch.seq_len);
+    let stages = layout.split.num_stages();
+    let mut loss = 0.0;
+    for (c, &stage) in layout.stages.iter().enumerate() {
+        let input = if stage == 0 {
+            StageInput::Tokens(to_tensor_2d(&batch.inputs, b, t, device))
+        } else {
+            let mut buf = vec![0f32; b * hidden_positions * dim];
+            let comm = pp.expect("pp group");
+            comm.recv(&mut buf, layout.split.rank_of_stage(stage - 1), tag(stage, 0, stages, false))?;
+            StageInput::Hidden(Tensor::from_data(TensorData::new(buf, [b, hidden_positions, dim]), device))
+        };
+        let y = model.chunks[c].forward_stage(input, t);
+        if stage == stages - 1 {
+            loss = placement.loss(y, to_tensor_2d(&batch.targets, b, t, device)).into_scalar::<f32>() as f64;
+        } else {
+            let data = y.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 activations");
+            pp.expect("pp group").send(
+                &data,
+                layout.split.rank_of_stage(stage + 1),
+                tag(stage + 1, 0, stages, false),
+            )?;
+        }
+    }
+    Ok(loss)
+}
+
+/// Tags for moving checkpoint tensors between pipeline stages (below any schedule tag's range
+/// would be ambiguous, so far above it; MPI guarantees tags up to 32767).
+const CKPT_LEN_TAG: u32 = 32_000;
+const CKPT_DATA_TAG: u32 = 32_001;
+
+/// Renames this rank's full (gathered) stage tensors to the whole model's names and collects
+/// every stage's on world rank 0, which returns them all; `None` on every other rank. Only the
+/// ranks holding full stage tensors (data-parallel rank 0, tensor-parallel rank 0) take part.
+pub fn gather_stages(map: TensorMap, layout: &RankLayout, rank: &RankContext) -> Result<Option<TensorMap>> {
+    let tp_rank = rank.tp.as_ref().map_or(0, |g| g.rank());
+    if rank.dp_rank != 0 || tp_rank != 0 {
+        return Ok(None);
+    }
+    let mut map: TensorMap = map.into_iter().map(|(k, t)| (layout.global_key(&k), t)).collect();
+    let Some(pp) = &rank.pp else { return Ok(Some(map)) };
+    if layout.pp_rank != 0 {
+        let bytes = save_tensors(&map, HashMap::new())?;
+        pp.send(&(bytes.len() as u64).to_le_bytes(), 0, CKPT_LEN_TAG)?;
+        pp.send(&bytes, 0, CKPT_DATA_TAG)?;
+        return Ok(None);
+    }
+    for stage_rank in 1..pp.size() {
+        let mut len = [0u8; 8];
+        pp.recv(&mut len, stage_rank, CKPT_LEN_TAG)?;
+        let mut bytes = vec![0u8; u64::from_le_bytes(len) as usize];
+        pp.recv(&mut bytes, stage_rank, CKPT_DATA_TAG)?;
+        let (part, _) = load_tensors(std::path::Path::new("pipeline stage tensors"), &bytes)?;
+        map.extend(part);
+    }
+    Ok(Some(map))
+}

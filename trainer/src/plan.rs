@@ -1,0 +1,95 @@
+//! `titan-rs plan`: what a config's pipeline does before anything runs — the stage split, each
+//! rank's order of forward and backward microbatches in (simulated) time, the bubble, and how
+//! the other schedules would do on the same mesh.
+
+use crate::config::JobConfig;
+use crate::pipeline::RankLayout;
+use anyhow::{anyhow, Result};
+use std::fmt::Write;
+use titan_models::ModelArgs;
+use titan_parallel::pp::schedule::{peak_in_flight, rank_actions, simulate};
+use titan_parallel::pp::{Schedule, StageSplit};
+
+/// The plan of `cfg` as text.
+pub fn plan(cfg: &JobConfig) -> Result<String> {
+    let p = &cfg.parallelism;
+    let args = ModelArgs::flavor(&cfg.model.flavor).ok_or_else(|| anyhow!("unknown flavor"))?;
+    let dims = p.dims(None).map_err(|e| anyhow!(e))?;
+    let local_batch = cfg.training.local_batch_size as usize;
+    let layout = RankLayout::new(p, &args, local_batch, 0).map_err(|e| anyhow!(e))?;
+    let (pp, v, n) = (layout.split.pp, layout.split.virtual_stages, layout.microbatches);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "mesh: {} rank(s) = replicate {} × shard {} × tp {} × pp {pp}",
+        dims.world_size, dims.dp_replicate, dims.dp_shard, dims.tp
+    );
+    let _ = writeln!(out, "model {}: {} layers", cfg.model.flavor, args.n_layers);
+    let last = layout.split.num_stages() - 1;
+    for (s, layers) in layout.split.layers.iter().enumerate() {
+        let mut what = vec![format!("layers {}..{}", layers.start, layers.end)];
+        if s == 0 {
+            what.insert(0, "embedding".into());
+        }
+        if s == last {
+            what.push("norm + head + loss".into());
+        }
+        let _ = writeln!(out, "  stage {s} on pp rank {}: {}", layout.split.rank_of_stage(s), what.join(" + "));
+    }
+    if pp == 1 {
+        let _ =
+            writeln!(out, "no pipeline parallelism (`parallelism.pipeline_parallel_degree` = 1): one stage, no bubble");
+        return Ok(out);
+    }
+    let _ = writeln!(
+        out,
+        "schedule {} with {n} microbatches of {}×{} per data-parallel rank (a stage's forward = 1 time cell, backward = 2):",
+        layout.schedule.name(),
+        local_batch / n,
+        cfg.training.seq_len
+    );
+    let t = simulate(layout.schedule, pp, v, n).map_err(|e| anyhow!(e))?;
+    out += &t.render();
+    let peaks: Vec<String> =
+        (0..pp).map(|r| peak_in_flight(&rank_actions(layout.schedule, pp, v, n, r)).to_string()).collect();
+    let _ = writeln!(
+        out,
+        "bubble: {:.1}% of rank time idle; activations held at most (microbatch-stages per rank): {}",
+        100.0 * t.bubble,
+        peaks.join(", ")
+    );
+    let _ = writeln!(
+        out,
+        "the same mesh and microbatches under each schedule (a unit = the forward of one rank's layers):"
+    );
+    for s in [Schedule::GPipe, Schedule::OneFOneB, Schedule::Interleaved1F1B] {
+        let _ = writeln!(out, "  {:<16} {}", s.name(), compare(s, &args, pp, n));
+    }
+    Ok(out)
+}
+
+/// One schedule's bubble and peak activations on `pp` ranks with `n` microbatches (the
+/// interleaved one with two stages per rank), or why it does not apply.
+fn compare(s: Schedule, args: &ModelArgs, pp: usize, n: usize) -> String {
+    let split = StageSplit::new(args.n_layers, pp, s, None);
+    let checked = split.and_then(|split| {
+        titan_parallel::pp::schedule::check_microbatches(s, pp, n)?;
+        Ok(split.virtual_stages)
+    });
+    let v = match checked {
+        Ok(v) => v,
+        Err(e) => return format!("n/a: {e}"),
+    };
+    match simulate(s, pp, v, n) {
+        Ok(t) => {
+            let peak = (0..pp).map(|r| peak_in_flight(&rank_actions(s, pp, v, n, r))).max().unwrap_or(0);
+            // A stage is 1/v of a rank's layers: time in forwards of a rank's whole share.
+            let time = t.makespan as f64 / v as f64;
+            format!(
+                "bubble {:5.1}%, step time {time:5.1} units, peak activations {peak} microbatch-stages",
+                100.0 * t.bubble
+            )
+        }
+        Err(e) => format!("n/a: {e}"),
+    }
+}
