@@ -159,3 +159,14 @@ fn bench_train_reports_throughput_and_comm_share_on_a_mesh() {
     let comm: f64 = cols[7].trim_end_matches('%').parse().unwrap();
     assert!(tps > 0.0 && comm > 0.0 && comm < 100.0, "{row}");
 }
+
+#[test]
+fn a_device_this_build_lacks_is_a_clear_error() {
+    let d = tempfile::tempdir().unwrap();
+    if !cfg!(feature = "cuda") {
+        let o = run(&tiny_args(d.path(), 1), &["--training.device", "cuda"]);
+        assert_clean_error(&o, &["`training.device` = \"cuda\"", "--features cuda"]);
+    }
+    let o = run(&tiny_args(d.path(), 1), &["--training.device", "tpu"]);
+    assert_clean_error(&o, &["`training.device`", "\"cpu\""]);
+}

@@ -1,10 +1,73 @@
 //! Fused kernels for titan-rs, each a Burn custom op with forward and backward, used by the
-//! model where the device supports it; the composed Burn ops stay the reference path.
+//! model where the device supports it; the composed Burn ops ([`reference`]) are the reference
+//! path and the fallback.
 //!
 //! * [`attention`]: causal (GQA-aware) attention that never stores the `T × T` probabilities:
 //!   forward keeps the output and the per-row log-sum-exp, backward recomputes the
-//!   probabilities row by row. CPU (flex) implementation in Rust, multithreaded with rayon.
+//!   probabilities. On the CPU (flex) a tiled Rust kernel, multithreaded with rayon; on CubeCL
+//!   devices a `#[cube]` kernel.
+//! * `cube` (features `wgpu` / `cuda`): CubeCL kernels for RMSNorm, SwiGLU's `silu · mul`,
+//!   RoPE and the fused softmax cross-entropy.
+//!
+//! Each routing function below takes `fused`: `false` forces the reference path.
 
 pub mod attention;
+#[cfg(feature = "cube")]
+pub mod cube;
+pub mod reference;
 
 pub use attention::{causal_attention, supports_fused_attention};
+use burn::prelude::*;
+
+/// Whether `device` runs the CubeCL kernels (a wgpu or CUDA device, with or without autodiff).
+pub fn on_cube(device: &Device) -> bool {
+    #[cfg(feature = "cube")]
+    {
+        device.clone().without_autodiff() != Device::flex()
+    }
+    #[cfg(not(feature = "cube"))]
+    {
+        let _ = device;
+        false
+    }
+}
+
+/// RMSNorm of `x: [B, T, D]` with weight `[D]`.
+pub fn rms_norm(x: Tensor<3>, w: Tensor<1>, eps: f64, fused: bool) -> Tensor<3> {
+    #[cfg(feature = "cube")]
+    if fused && on_cube(&x.device()) {
+        return cube::rms_norm(x, w, eps);
+    }
+    let _ = fused;
+    reference::rms_norm(x, w, eps)
+}
+
+/// `silu(gate) · up` (SwiGLU's gate).
+pub fn silu_mul<const D: usize>(gate: Tensor<D>, up: Tensor<D>, fused: bool) -> Tensor<D> {
+    #[cfg(feature = "cube")]
+    if fused && on_cube(&gate.device()) {
+        return cube::silu_mul(gate, up);
+    }
+    let _ = fused;
+    reference::silu_mul(gate, up)
+}
+
+/// Rotate-half RoPE of `x: [B, H, T, D]` with tables `[1, 1, T, D]`.
+pub fn rope(x: Tensor<4>, cos: Tensor<4>, sin: Tensor<4>, fused: bool) -> Tensor<4> {
+    #[cfg(feature = "cube")]
+    if fused && on_cube(&x.device()) {
+        return cube::rope(x, cos, sin);
+    }
+    let _ = fused;
+    reference::rope(x, cos, sin)
+}
+
+/// Cross-entropy summed over positions (`logits: [B, T, V]`, `targets: [B, T]`).
+pub fn cross_entropy_sum(logits: Tensor<3>, targets: Tensor<2, Int>, fused: bool) -> Tensor<1> {
+    #[cfg(feature = "cube")]
+    if fused && on_cube(&logits.device()) {
+        return cube::cross_entropy_sum(logits, targets);
+    }
+    let _ = fused;
+    reference::cross_entropy_sum(logits, targets)
+}

@@ -19,8 +19,11 @@ impl Linear {
         Self { weight: lazy_param(seed, &path, [d_in, d_out], Init::TruncNormal { std }, device) }
     }
 
+    /// Computes in `x`'s float type: under mixed precision the (float32 master) weight is cast
+    /// to it, and the cast's backward returns a float32 gradient.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        burn::tensor::module::linear(x, self.weight.val(), None)
+        let w = self.weight.val().cast(x.dtype());
+        burn::tensor::module::linear(x, w, None)
     }
 }
 
@@ -46,16 +49,18 @@ impl Embedding {
 pub struct RmsNorm {
     pub weight: Param<Tensor<1>>,
     pub eps: f64,
+    /// Use the fused kernel (`titan_kernels`) where the device has one.
+    pub fused: bool,
 }
 
 impl RmsNorm {
     pub fn new(seed: u64, path: &str, dim: usize, eps: f64, device: &Device) -> Self {
         let path = format!("{path}.weight");
-        Self { weight: lazy_param(seed, &path, [dim], Init::Ones, device), eps }
+        Self { weight: lazy_param(seed, &path, [dim], Init::Ones, device), eps, fused: true }
     }
 
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        let rms = x.clone().square().mean_dim(2).add_scalar(self.eps).sqrt();
-        x.div(rms).mul(self.weight.val().unsqueeze::<3>())
+        let w = self.weight.val().cast(x.dtype());
+        titan_kernels::rms_norm(x, w, self.eps, self.fused)
     }
 }

@@ -12,6 +12,7 @@ use burn::module::{ModuleVisitor, Param};
 use burn::prelude::*;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::DType;
 use std::ops::Range;
 use titan_kernels::{causal_attention, supports_fused_attention};
 
@@ -82,6 +83,8 @@ pub struct FeedForward {
     pub w1: Linear,
     pub w2: Linear,
     pub w3: Linear,
+    /// Use the fused `silu · mul` kernel where the device has one.
+    pub fused: bool,
 }
 
 impl FeedForward {
@@ -92,13 +95,14 @@ impl FeedForward {
             w1: Linear::new(seed, &p("w1"), a.dim, h, INIT_STD, device),
             w2: Linear::new(seed, &p("w2"), h, a.dim, out_std, device),
             w3: Linear::new(seed, &p("w3"), a.dim, h, out_std, device),
+            fused: true,
         }
     }
 
     pub fn forward(&self, x: Tensor<3>, hooks: &Hooks) -> Tensor<3> {
         let x = hooks.column_input(x);
-        let gate = burn::tensor::activation::silu(self.w1.forward(x.clone()));
-        hooks.row_output(self.w2.forward(gate * self.w3.forward(x)))
+        let gate = titan_kernels::silu_mul(self.w1.forward(x.clone()), self.w3.forward(x), self.fused);
+        hooks.row_output(self.w2.forward(gate))
     }
 }
 
@@ -139,6 +143,12 @@ pub struct Transformer {
     pub output: Option<Linear>,
     pub rope_theta: f64,
     pub head_dim: usize,
+    /// Use the fused RMSNorm, SwiGLU and RoPE kernels where the device has them (GPUs).
+    pub fused_kernels: bool,
+    /// Mixed precision: the float type activations are computed in (parameters stay float32
+    /// masters, cast on use; logits come out float32). `None`: the parameters' type.
+    #[module(skip)]
+    pub compute_dtype: Option<DType>,
     /// Where a parallelism moves activations (none for the plain model).
     #[module(skip)]
     pub hooks: Hooks,
@@ -162,6 +172,8 @@ impl Transformer {
             output: last.then(|| Linear::new(seed, "output", a.dim, a.vocab_size, (a.dim as f64).powf(-0.5), device)),
             rope_theta: a.rope_theta,
             head_dim: a.head_dim(),
+            fused_kernels: true,
+            compute_dtype: None,
             hooks: Hooks::default(),
         }
     }
@@ -171,6 +183,27 @@ impl Transformer {
         for l in &mut self.layers {
             l.attention.fused = fused;
         }
+        self
+    }
+
+    /// Chooses the fused RMSNorm, SwiGLU and RoPE kernels where the device has them (default)
+    /// or Burn's composed ops.
+    pub fn with_fused_kernels(mut self, fused: bool) -> Self {
+        self.fused_kernels = fused;
+        for l in &mut self.layers {
+            l.attention_norm.fused = fused;
+            l.ffn_norm.fused = fused;
+            l.feed_forward.fused = fused;
+        }
+        if let Some(n) = &mut self.norm {
+            n.fused = fused;
+        }
+        self
+    }
+
+    /// Computes activations in `dtype` (mixed precision), `None` for the parameters' type.
+    pub fn with_compute_dtype(mut self, dtype: Option<DType>) -> Self {
+        self.compute_dtype = dtype;
         self
     }
 
@@ -196,12 +229,19 @@ impl Transformer {
             (StageInput::Hidden(h), None) => h,
             _ => panic!("token ids go to the stage with the embedding, hidden states to the others"),
         };
-        let rope = RopeTables::new(self.rope_theta, self.head_dim, 0, seq_len, &h.device());
+        if let Some(dtype) = self.compute_dtype {
+            h = h.cast(dtype);
+        }
+        let mut rope = RopeTables::new(self.rope_theta, self.head_dim, 0, seq_len, &h.device());
+        rope.fused = self.fused_kernels;
         for layer in &self.layers {
             h = layer.forward(h, &rope, &self.hooks);
         }
         match (&self.norm, &self.output) {
-            (Some(norm), Some(output)) => output.forward(self.hooks.column_input(norm.forward(h))),
+            // Logits in float32 for the loss, whatever the compute type.
+            (Some(norm), Some(output)) => {
+                output.forward(self.hooks.column_input(norm.forward(h))).cast(burn::tensor::FloatDType::F32)
+            }
             _ => h,
         }
     }

@@ -9,6 +9,8 @@ use burn::prelude::*;
 pub struct RopeTables {
     pub cos: Tensor<4>,
     pub sin: Tensor<4>,
+    /// Use the fused kernel (`titan_kernels`) where the device has one.
+    pub fused: bool,
 }
 
 impl RopeTables {
@@ -30,16 +32,13 @@ impl RopeTables {
         Self {
             cos: Tensor::from_data(TensorData::new(cos, shape), device),
             sin: Tensor::from_data(TensorData::new(sin, shape), device),
+            fused: true,
         }
     }
 
     /// Rotates `x` of shape `[B, heads, T, head_dim]`.
     pub fn apply(&self, x: Tensor<4>) -> Tensor<4> {
-        let [b, h, t, d] = x.dims();
-        let half = d / 2;
-        let x1 = x.clone().slice([0..b, 0..h, 0..t, 0..half]);
-        let x2 = x.clone().slice([0..b, 0..h, 0..t, half..d]);
-        let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
-        x * self.cos.clone() + rotated * self.sin.clone()
+        let dtype = x.dtype();
+        titan_kernels::rope(x, self.cos.clone().cast(dtype), self.sin.clone().cast(dtype), self.fused)
     }
 }

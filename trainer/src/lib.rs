@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod bench_comm;
 pub mod config;
+pub mod device;
 pub mod generate;
 pub mod grads;
 pub mod lr_schedule;

@@ -13,7 +13,6 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use std::collections::HashSet;
 use titan_checkpoints::{HostTensor, TensorMap};
-use titan_models::loss::cross_entropy_sum;
 use titan_models::{llama::logical_axes, LogicalAxis};
 use titan_parallel::autograd::host::{self, Prim};
 use titan_parallel::ddp::{all_reduce_gradients, BUCKET_BYTES};
@@ -38,6 +37,8 @@ pub struct Placement {
     pub fsdp: Option<Sharding>,
     /// Parameters split by TP (their squared gradient norms are summed over the TP group).
     tp_split: HashSet<ParamId>,
+    /// Use the fused cross-entropy kernel where the device has one.
+    pub fused_loss: bool,
 }
 
 /// Applies TP, then FSDP, to this rank's full stages (pipeline parallelism chose the stages).
@@ -71,7 +72,7 @@ impl Placement {
     pub fn loss(&self, logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
         match &self.tp {
             Some(tp) => vocab_parallel_cross_entropy_sum(logits, targets, &tp.group),
-            None => cross_entropy_sum(logits, targets),
+            None => titan_kernels::cross_entropy_sum(logits, targets, self.fused_loss),
         }
     }
 

@@ -78,14 +78,17 @@ impl RankLayout {
     }
 
     /// This rank's stages of the model, lazily initialised exactly as the whole model would be.
-    pub fn build(&self, args: &ModelArgs, seed: u64, fused_attention: bool, device: &Device) -> RankModel {
+    /// `fused = (attention, other kernels)`: whether to use the fused kernels where the device
+    /// has them.
+    pub fn build(&self, args: &ModelArgs, seed: u64, fused: (bool, bool), device: &Device) -> RankModel {
         let last = self.last_stage();
         let chunks = self
             .stages
             .iter()
             .map(|&s| {
                 Transformer::stage(args, seed, device, self.split.layers[s].clone(), s == 0, s == last)
-                    .with_fused_attention(fused_attention)
+                    .with_fused_attention(fused.0)
+                    .with_fused_kernels(fused.1)
             })
             .collect();
         RankModel { chunks }
@@ -234,7 +237,8 @@ pub fn run_schedule(
                 let (x, grads) = match s {
                     Saved::Loss(x, loss) => (x, loss.backward()),
                     Saved::Output(x, y) => {
-                        let dy = recv(stage, m, stage + 1, true)?;
+                        // Under mixed precision the stage output is half precision.
+                        let dy = recv(stage, m, stage + 1, true)?.cast(y.dtype());
                         (x, (y * dy).sum().backward())
                     }
                 };

@@ -117,7 +117,49 @@ pub struct Trainer {
 
 /// The model a config describes, lazily initialised from `seed` on `device`.
 pub fn build_model(cfg: &JobConfig, args: &ModelArgs, seed: u64, device: &Device) -> Transformer {
-    Transformer::new(args, seed, device).with_fused_attention(cfg.model.attention == "fused")
+    Transformer::new(args, seed, device)
+        .with_fused_attention(cfg.model.attention == "fused")
+        .with_fused_kernels(cfg.model.kernels == "fused")
+}
+
+/// This rank's pipeline stages as the config describes them (kernels, compute type), lazily
+/// initialised from `seed`, before any parallelism is applied.
+fn build_stages(
+    cfg: &JobConfig,
+    args: &ModelArgs,
+    layout: &RankLayout,
+    seed: u64,
+    device: &Device,
+) -> Result<RankModel> {
+    let fused = (cfg.model.attention == "fused", cfg.model.kernels == "fused");
+    let compute = compute_dtype(&cfg.training.mixed_precision_param, device, &cfg.training.device)?;
+    let stages = layout.build(args, seed, fused, device);
+    Ok(RankModel { chunks: stages.chunks.into_iter().map(|c| c.with_compute_dtype(compute)).collect() })
+}
+
+/// Applies the config's parallelisms to this rank's stages.
+fn parallelize(cfg: &JobConfig, stages: RankModel, rank: &RankContext) -> (RankModel, Placement) {
+    let (model, mut placement) = parallelize_llama(stages, rank, cfg.parallelism.enable_sequence_parallel);
+    placement.fused_loss = cfg.model.kernels == "fused";
+    (model, placement)
+}
+
+/// The compute type of `training.mixed_precision_param` (`None` = float32, the parameters'
+/// type), if `device` supports it.
+fn compute_dtype(name: &str, device: &Device, device_name: &str) -> Result<Option<burn::tensor::DType>> {
+    use burn::tensor::DType;
+    let dtype = match name {
+        "bfloat16" => DType::BF16,
+        "float16" => DType::F16,
+        _ => return Ok(None),
+    };
+    if !device.supports_dtype(dtype) {
+        bail!(
+            "`training.mixed_precision_param` = {name:?}: the {device_name} device does not compute in {name}; use {} or \"float32\"",
+            if dtype == DType::BF16 { "\"float16\"" } else { "\"bfloat16\"" }
+        );
+    }
+    Ok(Some(dtype))
 }
 
 pub fn to_tensor_2d(v: &[i64], b: usize, t: usize, device: &Device) -> Tensor<2, Int> {
@@ -129,7 +171,7 @@ impl Trainer {
     /// checkpointing is on and one exists.
     pub fn new(cfg: JobConfig, rank: RankContext) -> Result<Self> {
         let args = ModelArgs::flavor(&cfg.model.flavor).expect("validated flavor");
-        let device = Device::flex().autodiff();
+        let device = crate::device::select(&cfg.training.device, cfg.training.device_index as usize)?.autodiff();
         let tokenizer = Tokenizer::from_file(&paths::tokenizer(&cfg.model))?;
         if tokenizer.vocab_size() > args.vocab_size {
             bail!(
@@ -171,10 +213,8 @@ impl Trainer {
         };
         let layout = RankLayout::new(&cfg.parallelism, &args, cfg.training.local_batch_size as usize, rank.pp_rank)
             .map_err(|e| anyhow!(e))?;
-        let fused = cfg.model.attention == "fused";
-        let sp = cfg.parallelism.enable_sequence_parallel;
-        let (model, placement) =
-            parallelize_llama(layout.build(&args, cfg.training.seed as u64, fused, &device), &rank, sp);
+        let stages = build_stages(&cfg, &args, &layout, cfg.training.seed as u64, &device)?;
+        let (model, placement) = parallelize(&cfg, stages, &rank);
         let checkpoints = CheckpointFolder::new(PathBuf::from(&cfg.job.dump_folder).join(&cfg.checkpoint.folder));
         let mut t = Self {
             optim: AdamW::new(AdamWConfig::from_config(&cfg.optimizer)),
@@ -354,7 +394,7 @@ impl Trainer {
             .with_context(|| format!("{} is corrupt", r.path("train_state.json").display()))?;
         let mpath = r.path("model.safetensors");
         let (tensors, _) = load_tensors(&mpath, &r.read("model.safetensors")?)?;
-        let fresh = self.layout.build(&self.args, 0, self.cfg.model.attention == "fused", &self.device);
+        let fresh = build_stages(&self.cfg, &self.args, &self.layout, 0, &self.device)?;
         let names = |local: &str| self.layout.global_key(local);
         let elsewhere = |key: &str| self.layout.local_key(key).is_none();
         let full =
@@ -362,8 +402,7 @@ impl Trainer {
                 .map_err(|e| {
                 anyhow!("{e}; checkpoint flavor is {:?}, this config's is {:?}", ts.flavor, self.cfg.model.flavor)
             })?;
-        let sp = self.cfg.parallelism.enable_sequence_parallel;
-        (self.model, self.placement) = parallelize_llama(full, &self.rank, sp);
+        (self.model, self.placement) = parallelize(&self.cfg, full, &self.rank);
         let opath = r.path("optimizer.safetensors");
         let (ot, _) = load_tensors(&opath, &r.read("optimizer.safetensors")?)?;
         let ot = ot.into_iter().filter_map(|(k, t)| Some((self.layout.local_key(&k)?, t))).collect();

@@ -13,9 +13,19 @@ mod flex;
 use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch};
 use burn::prelude::*;
 
-#[backend_extension(Flex, Autodiff)]
+/// The output specs `(o, lse)` of the forward: `o` like `q`, `lse: [B, H, T]`.
+#[cfg(feature = "cube")]
+fn fwd_specs(
+    q: &burn::backend::fusion::custom::TensorSpec,
+) -> (burn::backend::fusion::custom::TensorSpec, burn::backend::fusion::custom::TensorSpec) {
+    let lse = Shape::new([q.shape[0], q.shape[1], q.shape[2]]);
+    (q.clone(), burn::backend::fusion::custom::TensorSpec::new(lse, q.dtype))
+}
+
+#[backend_extension(Flex, Autodiff, Cube: cfg(feature = "cube"), Fusion: cfg(feature = "cube"))]
 pub trait FusedAttentionOps: Backend {
     /// Output and per-row log-sum-exp `[B, H, T]`.
+    #[fusion(meta = |q, _k, _v, _scale| fwd_specs(q))]
     fn fused_causal_attention_fwd(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -25,6 +35,7 @@ pub trait FusedAttentionOps: Backend {
 
     /// `(dq, dk, dv)` from the forward's inputs, output and log-sum-exp, and the output gradient.
     #[allow(clippy::too_many_arguments)]
+    #[fusion(meta = |q, k, v, _o, _lse, _d_o, _scale| (q.clone(), k.clone(), v.clone()))]
     fn fused_causal_attention_bwd(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -36,6 +47,7 @@ pub trait FusedAttentionOps: Backend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
     /// The differentiable op.
+    #[fusion(dtype = q, shape = q)]
     fn fused_causal_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -44,10 +56,10 @@ pub trait FusedAttentionOps: Backend {
     ) -> FloatTensor<Self>;
 }
 
-/// Whether [`causal_attention`] runs on this device (the CPU flex backend, with or without
-/// autodiff).
+/// Whether [`causal_attention`] runs on this device: the CPU flex backend (Rust kernel) or a
+/// CubeCL device (wgpu/CUDA kernel), with or without autodiff.
 pub fn supports_fused_attention(device: &Device) -> bool {
-    device.clone().without_autodiff() == Device::flex()
+    device.clone().without_autodiff() == Device::flex() || crate::on_cube(device)
 }
 
 /// Causal attention with the fused kernel. `q: [B, H, T, D]`, `k, v: [B, KV, T, D]`.

@@ -35,6 +35,8 @@ section!(Model {
     tokenizer_path: String = String::new(),
     /// fused (titan-rs kernel where the device has it) | reference (Burn's composed ops)
     attention: String = "fused".into(),
+    /// RMSNorm, SwiGLU, RoPE and cross-entropy: fused (CubeCL kernels on GPU devices) | reference
+    kernels: String = "fused".into(),
 });
 
 section!(Optimizer {
@@ -67,10 +69,13 @@ section!(Training {
     max_norm: f64 = 1.0,
     steps: i64 = 10_000,
     seed: i64 = 42,
-    /// cpu (Burn flex)
+    /// cpu (Burn flex) | wgpu | vulkan (build with --features wgpu) | cuda (--features cuda)
     device: String = "cpu".into(),
+    /// Which adapter of that kind (GPUs are counted per kind: discrete, then integrated).
+    device_index: i64 = 0,
     /// float32
     dtype: String = "float32".into(),
+    /// The compute type: float32 | bfloat16 | float16 (float32 master weights and optimizer state)
     mixed_precision_param: String = "float32".into(),
     /// Where tokenized corpora are cached.
     cache_dir: String = ".cache/titan-rs".into(),

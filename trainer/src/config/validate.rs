@@ -30,6 +30,7 @@ pub fn validate(c: &JobConfig) -> Result<()> {
     one_of(&mut e, "model.name", &c.model.name, &["llama3"]);
     one_of(&mut e, "model.flavor", &c.model.flavor, FLAVORS);
     one_of(&mut e, "model.attention", &c.model.attention, &["fused", "reference"]);
+    one_of(&mut e, "model.kernels", &c.model.kernels, &["fused", "reference"]);
     one_of(&mut e, "optimizer.name", &c.optimizer.name, &["AdamW"]);
     let o = &c.optimizer;
     if !(o.lr > 0.0 && o.lr.is_finite()) {
@@ -83,9 +84,12 @@ pub fn validate(c: &JobConfig) -> Result<()> {
     if t.threads < 0 {
         e.push(format!("`training.threads` = {} must be >= 0 (0 = all cores)", t.threads));
     }
-    one_of(&mut e, "training.device", &t.device, &["cpu"]);
+    one_of(&mut e, "training.device", &t.device, &["cpu", "wgpu", "vulkan", "cuda"]);
+    if t.device_index < 0 {
+        e.push(format!("`training.device_index` = {} must be >= 0", t.device_index));
+    }
     one_of(&mut e, "training.dtype", &t.dtype, &["float32"]);
-    one_of(&mut e, "training.mixed_precision_param", &t.mixed_precision_param, &["float32"]);
+    one_of(&mut e, "training.mixed_precision_param", &t.mixed_precision_param, &["float32", "bfloat16", "float16"]);
     if t.dataset_path.is_empty() && crate::paths::builtin_dataset(&t.dataset).is_none() {
         e.push(format!(
             "`training.dataset` = {:?} is not a built-in dataset (shakespeare, shakespeare_valid); set `training.dataset_path` to a text/JSONL file or folder",
@@ -101,6 +105,12 @@ pub fn validate(c: &JobConfig) -> Result<()> {
         ));
     }
     not_yet(&mut e, "parallelism.context_parallel_degree", p.context_parallel_degree, &[1]);
+    if t.mixed_precision_param != "float32" && p.tensor_parallel_degree > 1 {
+        e.push(format!(
+            "`training.mixed_precision_param` = {:?} with `parallelism.tensor_parallel_degree` = {} is not supported yet (the TP activation collectives move float32); use \"float32\" with TP, or mixed precision with data and pipeline parallelism",
+            t.mixed_precision_param, p.tensor_parallel_degree
+        ));
+    }
     not_yet(&mut e, "parallelism.expert_parallel_degree", p.expert_parallel_degree, &[1]);
     if p.fsdp_reshard_after_forward == "always" {
         e.push(

@@ -3,7 +3,7 @@
 //! single-rank cross-entropy.
 
 use super::*;
-use titan_models::{ModelArgs, Transformer};
+use titan_models::{loss::cross_entropy_sum, ModelArgs, Transformer};
 use titan_parallel::{run_ranks, MeshGroups};
 
 #[test]

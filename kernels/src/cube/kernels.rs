@@ -1,0 +1,377 @@
+//! The CubeCL kernels. Correctness-first: one thread per row (norms, attention rows, loss rows)
+//! or per element, f32 accumulation in the tensor's float type; the launch side lives in
+//! [`super::launch`].
+
+use cubecl::prelude::*;
+
+/// `y = x · rsqrt(mean(x²) + eps) · w`, rows of `x: [rows, dim]`.
+#[cube(launch)]
+pub fn rms_norm_fwd<F: Float>(
+    x: &Tensor<F>,
+    w: &Tensor<F>,
+    y: &mut Tensor<F>,
+    rows: u32,
+    dim: u32,
+    eps: f32,
+    #[define(F)] _dtype: ElemType,
+) {
+    let row = ABSOLUTE_POS as usize;
+    if row >= rows as usize {
+        terminate!();
+    }
+    let d = dim as usize;
+    let base = row * d;
+    let mut ss = F::new(0.0);
+    for i in 0..d {
+        let v = x[base + i];
+        ss = ss + v * v;
+    }
+    let rstd = F::new(1.0) / (ss / F::cast_from(dim) + F::cast_from(eps)).sqrt();
+    for i in 0..d {
+        y[base + i] = x[base + i] * rstd * w[i];
+    }
+}
+
+/// `dx` and the per-row contributions to `dw` (`dy · x̂`, summed over rows by the caller).
+#[cube(launch)]
+pub fn rms_norm_bwd<F: Float>(
+    x: &Tensor<F>,
+    w: &Tensor<F>,
+    dy: &Tensor<F>,
+    dx: &mut Tensor<F>,
+    dw_rows: &mut Tensor<F>,
+    rows: u32,
+    dim: u32,
+    eps: f32,
+    #[define(F)] _dtype: ElemType,
+) {
+    let row = ABSOLUTE_POS as usize;
+    if row >= rows as usize {
+        terminate!();
+    }
+    let d = dim as usize;
+    let base = row * d;
+    let mut ss = F::new(0.0);
+    for i in 0..d {
+        let v = x[base + i];
+        ss = ss + v * v;
+    }
+    let rstd = F::new(1.0) / (ss / F::cast_from(dim) + F::cast_from(eps)).sqrt();
+    let mut dot = F::new(0.0);
+    for i in 0..d {
+        dot = dot + dy[base + i] * w[i] * x[base + i] * rstd;
+    }
+    let mean = dot / F::cast_from(dim);
+    for i in 0..d {
+        let xh = x[base + i] * rstd;
+        let g = dy[base + i];
+        dx[base + i] = rstd * (g * w[i] - xh * mean);
+        dw_rows[base + i] = g * xh;
+    }
+}
+
+/// `silu(gate) · up`, element-wise.
+#[cube(launch)]
+pub fn silu_mul_fwd<F: Float>(
+    gate: &Tensor<F>,
+    up: &Tensor<F>,
+    y: &mut Tensor<F>,
+    n: u32,
+    #[define(F)] _dtype: ElemType,
+) {
+    let i = ABSOLUTE_POS as usize;
+    if i >= n as usize {
+        terminate!();
+    }
+    let g = gate[i];
+    y[i] = g / (F::new(1.0) + (-g).exp()) * up[i];
+}
+
+/// Gradients of `silu(gate) · up`: `dgate = dy · up · σ(g)(1 + g(1 − σ(g)))`, `dup = dy · silu(g)`.
+#[cube(launch)]
+pub fn silu_mul_bwd<F: Float>(
+    gate: &Tensor<F>,
+    up: &Tensor<F>,
+    dy: &Tensor<F>,
+    dgate: &mut Tensor<F>,
+    dup: &mut Tensor<F>,
+    n: u32,
+    #[define(F)] _dtype: ElemType,
+) {
+    let i = ABSOLUTE_POS as usize;
+    if i >= n as usize {
+        terminate!();
+    }
+    let g = gate[i];
+    let s = F::new(1.0) / (F::new(1.0) + (-g).exp());
+    let d = dy[i];
+    dup[i] = d * g * s;
+    dgate[i] = d * up[i] * s * (F::new(1.0) + g * (F::new(1.0) - s));
+}
+
+/// Rotate-half RoPE on `x: [.., T, D]` with tables `[T, D]`: `y = x · cos + rot(x) · sin`,
+/// `rot(x) = [−x₂, x₁]`. The backward is the same kernel with `−sin`.
+#[cube(launch)]
+pub fn rope<F: Float>(
+    x: &Tensor<F>,
+    cos: &Tensor<F>,
+    sin: &Tensor<F>,
+    y: &mut Tensor<F>,
+    n: u32,
+    seq: u32,
+    dim: u32,
+    #[define(F)] _dtype: ElemType,
+) {
+    let idx = ABSOLUTE_POS as usize;
+    if idx >= n as usize {
+        terminate!();
+    }
+    let d = dim as usize;
+    let half = d / 2;
+    let i = idx % d;
+    let pos = (idx / d) % (seq as usize);
+    let tab = pos * d + i;
+    let rot = if i < half { -x[idx + half] } else { x[idx - half] };
+    y[idx] = x[idx] * cos[tab] + rot * sin[tab];
+}
+
+/// Causal attention, one query row per thread, online softmax: `q: [B, H, T, D]`,
+/// `k, v: [B, KV, T, D]` (GQA: query head `h` reads kv head `h / (H / KV)`). Writes the output
+/// row and its log-sum-exp; no `T × T` matrix exists.
+#[cube(launch)]
+pub fn attention_fwd<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    o: &mut Tensor<F>,
+    lse: &mut Tensor<F>,
+    rows: u32,
+    heads: u32,
+    kv_heads: u32,
+    seq: u32,
+    dim: u32,
+    scale: f32,
+    #[define(F)] _dtype: ElemType,
+) {
+    let idx = ABSOLUTE_POS as usize;
+    if idx >= rows as usize {
+        terminate!();
+    }
+    let (t, d, h_n, kv_n) = (seq as usize, dim as usize, heads as usize, kv_heads as usize);
+    let i = idx % t;
+    let bh = idx / t;
+    let h = bh % h_n;
+    let b = bh / h_n;
+    let kh = h / (h_n / kv_n);
+    let qb = idx * d;
+    let kb = (b * kv_n + kh) * t * d;
+    let sc = F::cast_from(scale);
+    // Key 0 is always visible: start the running max and sum from it.
+    let mut s0 = F::new(0.0);
+    for c in 0..d {
+        s0 = s0 + q[qb + c] * k[kb + c];
+    }
+    let mut m = s0 * sc;
+    let mut l = F::new(1.0);
+    for c in 0..d {
+        o[qb + c] = v[kb + c];
+    }
+    for j in 1..i + 1 {
+        let jb = kb + j * d;
+        let mut s = F::new(0.0);
+        for c in 0..d {
+            s = s + q[qb + c] * k[jb + c];
+        }
+        s = s * sc;
+        let mut m_new = m;
+        if s > m {
+            m_new = s;
+        }
+        let corr = (m - m_new).exp();
+        let p = (s - m_new).exp();
+        l = l * corr + p;
+        for c in 0..d {
+            o[qb + c] = o[qb + c] * corr + p * v[jb + c];
+        }
+        m = m_new;
+    }
+    let inv = F::new(1.0) / l;
+    for c in 0..d {
+        o[qb + c] = o[qb + c] * inv;
+    }
+    lse[idx] = m + l.ln();
+}
+
+/// `dq` of causal attention, one query row per thread, probabilities recomputed from `lse`.
+#[cube(launch)]
+pub fn attention_bwd_dq<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    o: &Tensor<F>,
+    lse: &Tensor<F>,
+    d_o: &Tensor<F>,
+    dq: &mut Tensor<F>,
+    rows: u32,
+    heads: u32,
+    kv_heads: u32,
+    seq: u32,
+    dim: u32,
+    scale: f32,
+    #[define(F)] _dtype: ElemType,
+) {
+    let idx = ABSOLUTE_POS as usize;
+    if idx >= rows as usize {
+        terminate!();
+    }
+    let (t, d, h_n, kv_n) = (seq as usize, dim as usize, heads as usize, kv_heads as usize);
+    let i = idx % t;
+    let bh = idx / t;
+    let h = bh % h_n;
+    let b = bh / h_n;
+    let kh = h / (h_n / kv_n);
+    let qb = idx * d;
+    let kb = (b * kv_n + kh) * t * d;
+    let sc = F::cast_from(scale);
+    let mut delta = F::new(0.0);
+    for c in 0..d {
+        delta = delta + d_o[qb + c] * o[qb + c];
+        dq[qb + c] = F::new(0.0);
+    }
+    let row_lse = lse[idx];
+    for j in 0..i + 1 {
+        let jb = kb + j * d;
+        let mut s = F::new(0.0);
+        let mut dp = F::new(0.0);
+        for c in 0..d {
+            s = s + q[qb + c] * k[jb + c];
+            dp = dp + d_o[qb + c] * v[jb + c];
+        }
+        let p = (s * sc - row_lse).exp();
+        let ds = p * (dp - delta) * sc;
+        for c in 0..d {
+            dq[qb + c] = dq[qb + c] + ds * k[jb + c];
+        }
+    }
+}
+
+/// `dk` and `dv` of causal attention, one key row per thread (summing over the query heads
+/// that share its kv head and the queries at or after it).
+#[cube(launch)]
+pub fn attention_bwd_dkv<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    o: &Tensor<F>,
+    lse: &Tensor<F>,
+    d_o: &Tensor<F>,
+    dk: &mut Tensor<F>,
+    dv: &mut Tensor<F>,
+    rows: u32,
+    heads: u32,
+    kv_heads: u32,
+    seq: u32,
+    dim: u32,
+    scale: f32,
+    #[define(F)] _dtype: ElemType,
+) {
+    let idx = ABSOLUTE_POS as usize;
+    if idx >= rows as usize {
+        terminate!();
+    }
+    let (t, d, h_n, kv_n) = (seq as usize, dim as usize, heads as usize, kv_heads as usize);
+    let j = idx % t;
+    let bk = idx / t;
+    let kh = bk % kv_n;
+    let b = bk / kv_n;
+    let group = h_n / kv_n;
+    let kb = idx * d;
+    let sc = F::cast_from(scale);
+    for c in 0..d {
+        dk[kb + c] = F::new(0.0);
+        dv[kb + c] = F::new(0.0);
+    }
+    for g in 0..group {
+        let h = kh * group + g;
+        for i in j..t {
+            let qi = (b * h_n + h) * t + i;
+            let qb = qi * d;
+            let mut s = F::new(0.0);
+            let mut dp = F::new(0.0);
+            let mut delta = F::new(0.0);
+            for c in 0..d {
+                s = s + q[qb + c] * k[kb + c];
+                dp = dp + d_o[qb + c] * v[kb + c];
+                delta = delta + d_o[qb + c] * o[qb + c];
+            }
+            let p = (s * sc - lse[qi]).exp();
+            let ds = p * (dp - delta) * sc;
+            for c in 0..d {
+                dv[kb + c] = dv[kb + c] + p * d_o[qb + c];
+                dk[kb + c] = dk[kb + c] + ds * q[qb + c];
+            }
+        }
+    }
+}
+
+/// Per-row cross-entropy of `logits: [rows, vocab]` against integer targets, and the row's
+/// log-sum-exp (all the backward needs besides the logits).
+#[cube(launch)]
+pub fn cross_entropy_fwd<F: Float, I: Numeric>(
+    logits: &Tensor<F>,
+    targets: &Tensor<I>,
+    loss: &mut Tensor<F>,
+    lse: &mut Tensor<F>,
+    rows: u32,
+    vocab: u32,
+    #[define(F, I)] _dtypes: [ElemType; 2],
+) {
+    let row = ABSOLUTE_POS as usize;
+    if row >= rows as usize {
+        terminate!();
+    }
+    let n = vocab as usize;
+    let base = row * n;
+    let mut m = logits[base];
+    for c in 1..n {
+        let x = logits[base + c];
+        if x > m {
+            m = x;
+        }
+    }
+    let mut sum = F::new(0.0);
+    for c in 0..n {
+        sum = sum + (logits[base + c] - m).exp();
+    }
+    let row_lse = m + sum.ln();
+    let target = u32::cast_from(targets[row]) as usize;
+    loss[row] = row_lse - logits[base + target];
+    lse[row] = row_lse;
+}
+
+/// `dlogits = dloss · (softmax(logits) − onehot(target))`, element-wise from the saved
+/// log-sum-exp (the probabilities are never stored).
+#[cube(launch)]
+pub fn cross_entropy_bwd<F: Float, I: Numeric>(
+    logits: &Tensor<F>,
+    targets: &Tensor<I>,
+    lse: &Tensor<F>,
+    dloss: &Tensor<F>,
+    dlogits: &mut Tensor<F>,
+    n: u32,
+    vocab: u32,
+    #[define(F, I)] _dtypes: [ElemType; 2],
+) {
+    let idx = ABSOLUTE_POS as usize;
+    if idx >= n as usize {
+        terminate!();
+    }
+    let v = vocab as usize;
+    let row = idx / v;
+    let c = idx % v;
+    let mut g = (logits[idx] - lse[row]).exp();
+    if c == u32::cast_from(targets[row]) as usize {
+        g = g - F::new(1.0);
+    }
+    dlogits[idx] = g * dloss[row];
+}

@@ -1,0 +1,289 @@
+//! Launching the kernels of [`super::kernels`] on burn's CubeCL tensors.
+
+use super::kernels as kern;
+use super::CubeKernelOps;
+use crate::attention::FusedAttentionOps;
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::tensor::Shape;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeBackend;
+use cubecl::{calculate_cube_count_elemwise, CubeCount, CubeDim};
+
+/// An uninitialised tensor of `shape` on `like`'s device, with its float type.
+fn empty_like(like: &CubeTensor, shape: Vec<usize>) -> CubeTensor {
+    empty_device_dtype(like.client.clone(), like.device.clone(), Shape::from(shape), like.dtype)
+}
+
+/// One thread per item of `n`.
+fn grid(like: &CubeTensor, n: usize) -> (CubeCount, CubeDim) {
+    let dim = CubeDim::new(&like.client, n);
+    (calculate_cube_count_elemwise(&like.client, n, dim), dim)
+}
+
+fn dims(t: &CubeTensor) -> Vec<usize> {
+    t.meta.shape().iter().copied().collect()
+}
+
+/// `(rows, last dim)` of a tensor seen as a matrix over its last dimension.
+fn rows_cols(t: &CubeTensor) -> (usize, usize) {
+    let d = dims(t);
+    let cols = *d.last().expect("a tensor with at least one dimension");
+    (d.iter().product::<usize>() / cols.max(1), cols)
+}
+
+impl CubeKernelOps for CubeBackend {
+    fn rms_norm_fwd(x: CubeTensor, w: CubeTensor, eps: f32) -> CubeTensor {
+        let (x, w) = (into_contiguous(x), into_contiguous(w));
+        let (rows, dim) = rows_cols(&x);
+        let y = empty_like(&x, dims(&x));
+        let (count, cube) = grid(&x, rows);
+        let dtype = dtype_to_storage_type(x.dtype);
+        kern::rms_norm_fwd::launch(
+            &x.client.clone(),
+            count,
+            cube,
+            x.into_tensor_arg(),
+            w.into_tensor_arg(),
+            y.clone().into_tensor_arg(),
+            rows as u32,
+            dim as u32,
+            eps,
+            dtype,
+        );
+        y
+    }
+
+    fn rms_norm_bwd(x: CubeTensor, w: CubeTensor, dy: CubeTensor, eps: f32) -> (CubeTensor, CubeTensor) {
+        let (x, w, dy) = (into_contiguous(x), into_contiguous(w), into_contiguous(dy));
+        let (rows, dim) = rows_cols(&x);
+        let (dx, dw_rows) = (empty_like(&x, dims(&x)), empty_like(&x, dims(&x)));
+        let (count, cube) = grid(&x, rows);
+        let dtype = dtype_to_storage_type(x.dtype);
+        kern::rms_norm_bwd::launch(
+            &x.client.clone(),
+            count,
+            cube,
+            x.into_tensor_arg(),
+            w.into_tensor_arg(),
+            dy.into_tensor_arg(),
+            dx.clone().into_tensor_arg(),
+            dw_rows.clone().into_tensor_arg(),
+            rows as u32,
+            dim as u32,
+            eps,
+            dtype,
+        );
+        (dx, dw_rows)
+    }
+
+    fn silu_mul_fwd(gate: CubeTensor, up: CubeTensor) -> CubeTensor {
+        let (gate, up) = (into_contiguous(gate), into_contiguous(up));
+        let n = gate.meta.num_elements();
+        let y = empty_like(&gate, dims(&gate));
+        let (count, cube) = grid(&gate, n);
+        let dtype = dtype_to_storage_type(gate.dtype);
+        kern::silu_mul_fwd::launch(
+            &gate.client.clone(),
+            count,
+            cube,
+            gate.into_tensor_arg(),
+            up.into_tensor_arg(),
+            y.clone().into_tensor_arg(),
+            n as u32,
+            dtype,
+        );
+        y
+    }
+
+    fn silu_mul_bwd(gate: CubeTensor, up: CubeTensor, dy: CubeTensor) -> (CubeTensor, CubeTensor) {
+        let (gate, up, dy) = (into_contiguous(gate), into_contiguous(up), into_contiguous(dy));
+        let n = gate.meta.num_elements();
+        let (dg, du) = (empty_like(&gate, dims(&gate)), empty_like(&gate, dims(&gate)));
+        let (count, cube) = grid(&gate, n);
+        let dtype = dtype_to_storage_type(gate.dtype);
+        kern::silu_mul_bwd::launch(
+            &gate.client.clone(),
+            count,
+            cube,
+            gate.into_tensor_arg(),
+            up.into_tensor_arg(),
+            dy.into_tensor_arg(),
+            dg.clone().into_tensor_arg(),
+            du.clone().into_tensor_arg(),
+            n as u32,
+            dtype,
+        );
+        (dg, du)
+    }
+
+    fn rope_fwd(x: CubeTensor, cos: CubeTensor, sin: CubeTensor) -> CubeTensor {
+        let (x, cos, sin) = (into_contiguous(x), into_contiguous(cos), into_contiguous(sin));
+        let d = dims(&x);
+        let (n, seq, dim) = (x.meta.num_elements(), d[d.len() - 2], d[d.len() - 1]);
+        let y = empty_like(&x, d);
+        let (count, cube) = grid(&x, n);
+        let dtype = dtype_to_storage_type(x.dtype);
+        kern::rope::launch(
+            &x.client.clone(),
+            count,
+            cube,
+            x.into_tensor_arg(),
+            cos.into_tensor_arg(),
+            sin.into_tensor_arg(),
+            y.clone().into_tensor_arg(),
+            n as u32,
+            seq as u32,
+            dim as u32,
+            dtype,
+        );
+        y
+    }
+
+    fn cross_entropy_fwd(logits: CubeTensor, targets: CubeTensor) -> (CubeTensor, CubeTensor) {
+        let (logits, targets) = (into_contiguous(logits), into_contiguous(targets));
+        let (rows, vocab) = rows_cols(&logits);
+        let (loss, lse) = (empty_like(&logits, vec![rows]), empty_like(&logits, vec![rows]));
+        let (count, cube) = grid(&logits, rows);
+        let dtypes = [dtype_to_storage_type(logits.dtype), dtype_to_storage_type(targets.dtype)];
+        kern::cross_entropy_fwd::launch(
+            &logits.client.clone(),
+            count,
+            cube,
+            logits.into_tensor_arg(),
+            targets.into_tensor_arg(),
+            loss.clone().into_tensor_arg(),
+            lse.clone().into_tensor_arg(),
+            rows as u32,
+            vocab as u32,
+            dtypes,
+        );
+        (loss, lse)
+    }
+
+    fn cross_entropy_bwd(logits: CubeTensor, targets: CubeTensor, lse: CubeTensor, dloss: CubeTensor) -> CubeTensor {
+        let (logits, targets) = (into_contiguous(logits), into_contiguous(targets));
+        let (lse, dloss) = (into_contiguous(lse), into_contiguous(dloss));
+        let (_, vocab) = rows_cols(&logits);
+        let n = logits.meta.num_elements();
+        let dlogits = empty_like(&logits, dims(&logits));
+        let (count, cube) = grid(&logits, n);
+        let dtypes = [dtype_to_storage_type(logits.dtype), dtype_to_storage_type(targets.dtype)];
+        kern::cross_entropy_bwd::launch(
+            &logits.client.clone(),
+            count,
+            cube,
+            logits.into_tensor_arg(),
+            targets.into_tensor_arg(),
+            lse.into_tensor_arg(),
+            dloss.into_tensor_arg(),
+            dlogits.clone().into_tensor_arg(),
+            n as u32,
+            vocab as u32,
+            dtypes,
+        );
+        dlogits
+    }
+}
+
+/// `(rows of q, heads, kv heads, seq, head dim)` of `q: [B, H, T, D]`, `k: [B, KV, T, D]`.
+fn attention_dims(q: &CubeTensor, k: &CubeTensor) -> (usize, usize, usize, usize, usize) {
+    let (qd, kd) = (dims(q), dims(k));
+    (qd[0] * qd[1] * qd[2], qd[1], kd[1], qd[2], qd[3])
+}
+
+impl FusedAttentionOps for CubeBackend {
+    fn fused_causal_attention_fwd(q: CubeTensor, k: CubeTensor, v: CubeTensor, scale: f64) -> (CubeTensor, CubeTensor) {
+        let (q, k, v) = (into_contiguous(q), into_contiguous(k), into_contiguous(v));
+        let (rows, h, kv, t, d) = attention_dims(&q, &k);
+        let qd = dims(&q);
+        let o = empty_like(&q, qd.clone());
+        let lse = empty_like(&q, qd[..3].to_vec());
+        let (count, cube) = grid(&q, rows);
+        let dtype = dtype_to_storage_type(q.dtype);
+        kern::attention_fwd::launch(
+            &q.client.clone(),
+            count,
+            cube,
+            q.into_tensor_arg(),
+            k.into_tensor_arg(),
+            v.into_tensor_arg(),
+            o.clone().into_tensor_arg(),
+            lse.clone().into_tensor_arg(),
+            rows as u32,
+            h as u32,
+            kv as u32,
+            t as u32,
+            d as u32,
+            scale as f32,
+            dtype,
+        );
+        (o, lse)
+    }
+
+    fn fused_causal_attention_bwd(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        o: CubeTensor,
+        lse: CubeTensor,
+        d_o: CubeTensor,
+        scale: f64,
+    ) -> (CubeTensor, CubeTensor, CubeTensor) {
+        let (q, k, v) = (into_contiguous(q), into_contiguous(k), into_contiguous(v));
+        let (o, lse, d_o) = (into_contiguous(o), into_contiguous(lse), into_contiguous(d_o));
+        let (rows, h, kv, t, d) = attention_dims(&q, &k);
+        let dq = empty_like(&q, dims(&q));
+        let (dk, dv) = (empty_like(&k, dims(&k)), empty_like(&k, dims(&k)));
+        let dtype = dtype_to_storage_type(q.dtype);
+        let client = q.client.clone();
+        let (count, cube) = grid(&q, rows);
+        kern::attention_bwd_dq::launch(
+            &client,
+            count,
+            cube,
+            q.clone().into_tensor_arg(),
+            k.clone().into_tensor_arg(),
+            v.clone().into_tensor_arg(),
+            o.clone().into_tensor_arg(),
+            lse.clone().into_tensor_arg(),
+            d_o.clone().into_tensor_arg(),
+            dq.clone().into_tensor_arg(),
+            rows as u32,
+            h as u32,
+            kv as u32,
+            t as u32,
+            d as u32,
+            scale as f32,
+            dtype,
+        );
+        let kv_rows = k.meta.num_elements() / d;
+        let (count, cube) = grid(&k, kv_rows);
+        kern::attention_bwd_dkv::launch(
+            &client,
+            count,
+            cube,
+            q.into_tensor_arg(),
+            k.into_tensor_arg(),
+            v.into_tensor_arg(),
+            o.into_tensor_arg(),
+            lse.into_tensor_arg(),
+            d_o.into_tensor_arg(),
+            dk.clone().into_tensor_arg(),
+            dv.clone().into_tensor_arg(),
+            kv_rows as u32,
+            h as u32,
+            kv as u32,
+            t as u32,
+            d as u32,
+            scale as f32,
+            dtype,
+        );
+        (dq, dk, dv)
+    }
+
+    fn fused_causal_attention(q: CubeTensor, k: CubeTensor, v: CubeTensor, scale: f64) -> CubeTensor {
+        Self::fused_causal_attention_fwd(q, k, v, scale).0
+    }
+}

@@ -1,0 +1,140 @@
+//! Every CubeCL kernel on burn's wgpu backend (on CPU-only machines: Mesa's software Vulkan
+//! adapter) against the composed-ops reference on flex: forward and gradients, fresh random
+//! inputs each run (the seed is printed on failure), kernel outputs allocated over poisoned
+//! (NaN) memory so an unwritten element shows.
+
+use burn::prelude::*;
+use burn::tensor::DeviceKind;
+use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
+
+/// float32: largest |a − b| relative to the largest |b| (the bound).
+const TOL: f32 = 1e-5;
+
+fn gpu() -> Device {
+    Device::wgpu(DeviceKind::Cpu).autodiff()
+}
+
+fn rel_err(a: Tensor<1>, b: Tensor<1>) -> f32 {
+    let a: Vec<f32> = a.into_data().convert::<f32>().try_into_vec().unwrap();
+    let b: Vec<f32> = b.into_data().convert::<f32>().try_into_vec().unwrap();
+    assert_eq!(a.len(), b.len());
+    assert!(a.iter().all(|x| x.is_finite()), "the kernel left non-finite values");
+    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-12);
+    a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+fn seed() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+}
+
+fn normal(n: usize, rng: &mut impl Rng) -> Vec<f32> {
+    (0..n).map(|_| rng.sample::<f32, _>(StandardNormal)).collect()
+}
+
+/// Fills and frees a large buffer with NaN so the memory pool hands poisoned memory to the next
+/// allocations.
+fn poison(device: &Device) {
+    let p = Tensor::<1>::full([1 << 20], f32::NAN, &device.clone().without_autodiff());
+    let _: f32 = p.clone().slice([0..1]).into_scalar();
+    drop(p);
+}
+
+/// Runs `op(inputs, fused)` fused on the GPU device and as the reference on flex; compares the
+/// outputs and the gradients of `Σ out · w` (random `w`) for every input.
+fn compare(
+    name: &str,
+    inputs: &[Vec<f32>],
+    rng: &mut impl Rng,
+    seed: u64,
+    op: &dyn Fn(&[Tensor<1>], bool) -> Tensor<1>,
+) {
+    let make = |dev: &Device| -> Vec<Tensor<1>> {
+        inputs.iter().map(|v| Tensor::from_data(TensorData::new(v.clone(), [v.len()]), dev).require_grad()).collect()
+    };
+    let (gdev, fdev) = (gpu(), Device::flex().autodiff());
+    let (xg, xf) = (make(&gdev), make(&fdev));
+    poison(&gdev);
+    let (yg, yf) = (op(&xg, true), op(&xf, false));
+    let w = normal(yf.dims()[0], rng);
+    let wt = |dev: &Device| Tensor::<1>::from_data(TensorData::new(w.clone(), [w.len()]), dev);
+    let e = rel_err(yg.clone(), yf.clone());
+    assert!(e <= TOL, "{name}: forward error {e} (seed {seed})");
+    let (gg, gf) = ((yg * wt(&gdev)).sum().backward(), (yf * wt(&fdev)).sum().backward());
+    for (i, (a, b)) in xg.iter().zip(&xf).enumerate() {
+        if let (Some(a), Some(b)) = (a.grad(&gg), b.grad(&gf)) {
+            let e = rel_err(a, b);
+            assert!(e <= TOL, "{name}: gradient of input {i} error {e} (seed {seed})");
+        }
+    }
+}
+
+#[test]
+fn rms_norm_silu_mul_and_rope_match_the_reference() {
+    let s = seed();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(s);
+    for (b, t, d) in [(2, 5, 64), (1, 1, 12), (3, 7, 33)] {
+        let inputs = [normal(b * t * d, &mut rng), normal(d, &mut rng)];
+        compare(&format!("rms_norm {b}x{t}x{d}"), &inputs, &mut rng, s, &|x, fused| {
+            crate::rms_norm(x[0].clone().reshape([b, t, d]), x[1].clone(), 1e-5, fused).reshape([b * t * d])
+        });
+        let inputs = [normal(b * t * d, &mut rng), normal(b * t * d, &mut rng)];
+        compare(&format!("silu_mul {b}x{t}x{d}"), &inputs, &mut rng, s, &|x, fused| {
+            crate::silu_mul(x[0].clone(), x[1].clone(), fused)
+        });
+    }
+    for (b, h, t, d) in [(2, 3, 5, 8), (1, 1, 1, 4), (1, 2, 9, 16)] {
+        // Real RoPE tables repeat their halves: angle i and i + d/2 are the same.
+        let angles: Vec<f32> = (0..t * d).map(|i| (i / d) as f32 * 0.3 + (i % (d / 2)) as f32 * 0.01).collect();
+        let table = |f: fn(f32) -> f32| angles.iter().map(|&a| f(a)).collect::<Vec<f32>>();
+        let (cos, sin) = (table(f32::cos), table(f32::sin));
+        let inputs = [normal(b * h * t * d, &mut rng)];
+        compare(&format!("rope {b}x{h}x{t}x{d}"), &inputs, &mut rng, s, &|x, fused| {
+            let dev = x[0].device();
+            let tab = |v: &Vec<f32>| Tensor::<4>::from_data(TensorData::new(v.clone(), [1, 1, t, d]), &dev);
+            crate::rope(x[0].clone().reshape([b, h, t, d]), tab(&cos), tab(&sin), fused).reshape([b * h * t * d])
+        });
+    }
+}
+
+#[test]
+fn flash_attention_matches_the_reference() {
+    let s = seed();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(s);
+    // GQA, T = 1, T and D not multiples of anything.
+    for (b, h, kv, t, d) in [(2, 4, 2, 7, 8), (1, 2, 2, 1, 4), (1, 4, 1, 13, 12)] {
+        let inputs =
+            [normal(b * h * t * d, &mut rng), normal(b * kv * t * d, &mut rng), normal(b * kv * t * d, &mut rng)];
+        compare(&format!("attention b{b} h{h} kv{kv} t{t} d{d}"), &inputs, &mut rng, s, &|x, fused| {
+            let (q, k, v) = (
+                x[0].clone().reshape([b, h, t, d]),
+                x[1].clone().reshape([b, kv, t, d]),
+                x[2].clone().reshape([b, kv, t, d]),
+            );
+            // The reference: Burn's composed attention with the kv heads repeated.
+            let o = if fused {
+                crate::causal_attention(q, k, v)
+            } else {
+                let rep = |x: Tensor<4>| x.unsqueeze_dim::<5>(2).expand([b, kv, h / kv, t, d]).reshape([b, h, t, d]);
+                let opts = burn::tensor::ops::AttentionModuleOptions { is_causal: true, ..Default::default() };
+                burn::tensor::module::attention(q, rep(k), rep(v), None, None, opts)
+            };
+            o.reshape([b * h * t * d])
+        });
+    }
+}
+
+#[test]
+fn fused_cross_entropy_matches_the_reference() {
+    let s = seed();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(s);
+    for (b, t, v) in [(2, 3, 50), (1, 1, 7), (2, 5, 301)] {
+        let targets: Vec<i64> = (0..b * t).map(|_| rng.gen_range(0..v as i64)).collect();
+        let inputs = [normal(b * t * v, &mut rng).into_iter().map(|x| 3.0 * x).collect()];
+        compare(&format!("cross_entropy {b}x{t}x{v}"), &inputs, &mut rng, s, &|x, fused| {
+            let dev = x[0].device();
+            let tg = Tensor::<2, Int>::from_data(TensorData::new(targets.clone(), [b, t]), &dev);
+            crate::cross_entropy_sum(x[0].clone().reshape([b, t, v]), tg, fused)
+        });
+    }
+}

@@ -1,0 +1,33 @@
+//! The composed-Burn-ops reference path of every fused kernel: what runs where a device has no
+//! kernel, and what the kernels are tested against.
+
+use burn::prelude::*;
+
+/// RMSNorm: `x / sqrt(mean(x²) + eps) · w` over the last dim.
+pub fn rms_norm(x: Tensor<3>, w: Tensor<1>, eps: f64) -> Tensor<3> {
+    let rms = x.clone().square().mean_dim(2).add_scalar(eps).sqrt();
+    x.div(rms).mul(w.unsqueeze::<3>())
+}
+
+/// `silu(gate) · up`.
+pub fn silu_mul<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
+    burn::tensor::activation::silu(gate) * up
+}
+
+/// Rotate-half RoPE of `x: [B, H, T, D]` with tables `[1, 1, T, D]`.
+pub fn rope(x: Tensor<4>, cos: Tensor<4>, sin: Tensor<4>) -> Tensor<4> {
+    let [b, h, t, d] = x.dims();
+    let half = d / 2;
+    let x1 = x.clone().slice([0..b, 0..h, 0..t, 0..half]);
+    let x2 = x.clone().slice([0..b, 0..h, 0..t, half..d]);
+    let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
+    x * cos + rotated * sin
+}
+
+/// Sum over all positions of `-log softmax(logits)[target]`. `logits: [B, T, V]`, `targets: [B, T]`.
+pub fn cross_entropy_sum(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
+    let [b, t, v] = logits.dims();
+    let logp = burn::tensor::activation::log_softmax(logits.reshape([b * t, v]), 1);
+    let picked = logp.gather(1, targets.reshape([b * t, 1]));
+    picked.sum().neg()
+}

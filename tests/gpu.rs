@@ -1,0 +1,53 @@
+//! Training on burn's wgpu backend with the CubeCL kernels (on CPU-only machines: Mesa's
+//! software Vulkan adapter, so shapes stay tiny). Built with `--features wgpu`.
+
+mod common;
+use common::*;
+
+/// The tiny model's steps on the wgpu CPU adapter — fused RMSNorm, SwiGLU, RoPE, attention and
+/// cross-entropy kernels — give the flex run's losses and gradient norms. Tolerance 1e-4
+/// relative: the kernels sum in other orders and llvmpipe's `exp` differs from Rust's in the
+/// last bits, and AdamW carries those differences through the steps.
+#[test]
+fn training_on_the_wgpu_adapter_matches_the_cpu_run() {
+    let d = tempfile::tempdir().unwrap();
+    let flags = "--training.global_batch_size 4 --parallelism.data_parallel_shard_degree 1";
+    let cpu = layout_run(&d.path().join("cpu"), flags, 3);
+    let gpu = layout_run(&d.path().join("wgpu"), &format!("{flags} --training.device wgpu"), 3);
+    assert_matches("wgpu vs cpu", &cpu, &gpu, 1e-4);
+    let reference = layout_run(
+        &d.path().join("wgpu-reference"),
+        &format!("{flags} --training.device wgpu --model.kernels reference --model.attention reference"),
+        3,
+    );
+    assert_matches("wgpu composed ops vs cpu", &cpu, &reference, 1e-4);
+}
+
+#[test]
+fn a_missing_adapter_is_a_clear_error_listing_what_exists() {
+    let d = tempfile::tempdir().unwrap();
+    let o = run(&tiny_args(d.path(), 1), &["--training.device", "vulkan", "--training.device_index", "3"]);
+    assert_clean_error(&o, &["`training.device_index` = 3", "adapters found"]);
+}
+
+/// float16 compute on the wgpu adapter tracks float32 (5e-2 relative: 11 bits of mantissa and
+/// AdamW over the steps). bfloat16: Mesa's software adapter has no bfloat16 arithmetic, so it is
+/// a clear error there; where an adapter has it, it must track float32 too.
+#[test]
+fn half_precision_on_the_wgpu_adapter() {
+    let d = tempfile::tempdir().unwrap();
+    let flags = "--training.global_batch_size 4 --parallelism.data_parallel_shard_degree 1 --training.device wgpu";
+    let f32_run = layout_run(&d.path().join("f32"), flags, 3);
+    let f16 = layout_run(&d.path().join("f16"), &format!("{flags} --training.mixed_precision_param float16"), 3);
+    assert_matches("float16 vs float32 on wgpu", &f32_run, &f16, 5e-2);
+    let dump = d.path().join("bf16");
+    let o = run(
+        &tiny_args(&dump, 3),
+        &[&flags.split(' ').collect::<Vec<_>>()[..], &["--training.mixed_precision_param", "bfloat16"]].concat(),
+    );
+    if o.status.success() {
+        assert_matches("bfloat16 vs float32 on wgpu", &f32_run, &metric_values(&dump), 5e-2);
+    } else {
+        assert_clean_error(&o, &["`training.mixed_precision_param` = \"bfloat16\"", "\"float16\""]);
+    }
+}
