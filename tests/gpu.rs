@@ -51,3 +51,19 @@ fn half_precision_on_the_wgpu_adapter() {
         assert_clean_error(&o, &["`training.mixed_precision_param` = \"bfloat16\"", "\"float16\""]);
     }
 }
+
+/// `titan-rs bench kernels` checks and times every kernel on the device: six rows, each within
+/// float32 tolerance of its reference (the timings are printed, not asserted).
+#[test]
+fn bench_kernels_checks_every_kernel_on_the_device() {
+    let args = "bench kernels --config configs/llama_debug.toml --model.flavor tiny --training.device wgpu \
+                --training.local_batch_size 2 --training.seq_len 16 --iters 1";
+    let out = assert_ok(&titan(&args.split_whitespace().collect::<Vec<_>>()));
+    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| kernel")).collect();
+    let names: Vec<&str> = rows.iter().map(|r| r.split('|').nth(1).unwrap().trim()).collect();
+    assert_eq!(names, ["rms_norm", "silu_mul", "rope", "attention fwd", "attention fwd+bwd", "cross_entropy"], "{out}");
+    for r in rows {
+        let err: f64 = r.split('|').nth(3).unwrap().trim().parse().unwrap();
+        assert!(err <= 1e-5, "{r}");
+    }
+}

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod bench_comm;
+pub mod bench_kernels;
 pub mod config;
 pub mod device;
 pub mod generate;

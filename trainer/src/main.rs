@@ -5,7 +5,7 @@ use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use titan_rs::config::{load_config, parse_overrides, to_toml, JobConfig};
-use titan_rs::{bench, bench_comm, generate, train};
+use titan_rs::{bench, bench_comm, bench_kernels, generate, train};
 
 #[derive(Parser)]
 #[command(name = "titan-rs", version, about = "LLM pre-training on Burn, configured like TorchTitan")]
@@ -92,6 +92,20 @@ enum BenchKind {
         warmup: usize,
         #[arg(long, default_value_t = 5)]
         steps: usize,
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
+    /// Every fused kernel on the configured device (`--training.device`), checked against its
+    /// reference and timed at the config's shapes (flavor, local batch, seq_len).
+    Kernels {
+        #[arg(long, default_value_t = 5)]
+        iters: usize,
+        /// The device's memory bandwidth in GB/s (H200: 4300), for the share of it.
+        #[arg(long)]
+        peak_gbs: Option<f64>,
+        /// The device's peak TFLOP/s (H200 bf16: 790), for the share of it.
+        #[arg(long)]
+        peak_tflops: Option<f64>,
         #[command(flatten)]
         config: ConfigArgs,
     },
@@ -186,6 +200,25 @@ fn run(cli: Cli) -> Result<()> {
             }
             let rows = bench_comm::bench_comm(nproc, max_mib << 20, iters.max(1), timeout, inject_fault)?;
             bench_comm::print_table(&rows, nproc, "local (threads)");
+        }
+        Command::Bench { kind: BenchKind::Kernels { mut iters, mut peak_gbs, mut peak_tflops, config } } => {
+            let (cfg, flags) = config.load_with_flags(&["iters", "peak-gbs", "peak-tflops"])?;
+            for (k, v) in flags {
+                let x: f64 = v.parse().with_context(|| format!("--{k} {v}: expected a number"))?;
+                match k.as_str() {
+                    "iters" => iters = x as usize,
+                    "peak-gbs" => peak_gbs = Some(x),
+                    _ => peak_tflops = Some(x),
+                }
+            }
+            set_threads(&cfg)?;
+            let device = titan_rs::device::select(&cfg.training.device, cfg.training.device_index as usize)?;
+            let args = titan_models::ModelArgs::flavor(&cfg.model.flavor).expect("validated flavor");
+            let t = &cfg.training;
+            let shapes = bench_kernels::Shapes { batch: t.local_batch_size as usize, seq: t.seq_len as usize, args };
+            let rows = bench_kernels::bench_kernels(&device, &shapes, iters.max(1))?;
+            let peaks = peak_gbs.zip(peak_tflops);
+            bench_kernels::print_table(&rows, &format!("{} ({})", cfg.training.device, cfg.model.flavor), peaks);
         }
         Command::Bench { kind: BenchKind::Train { mut warmup, mut steps, config } } => {
             let (cfg, flags) = config.load_with_flags(&["warmup", "steps"])?;

@@ -1,0 +1,187 @@
+//! `titan-rs bench kernels`: every fused kernel on the configured device, first checked against
+//! its composed-ops reference (largest error relative to the largest reference value), then
+//! timed; the bytes each call must move and the FLOPs it must do give GB/s and TFLOP/s, set
+//! against the device's ceilings when given (an H200: ≈ 4 300 GB/s, ≈ 790 bf16 TFLOP/s).
+
+use anyhow::Result;
+use burn::prelude::*;
+use std::time::Instant;
+use titan_models::ModelArgs;
+
+/// One kernel's result.
+pub struct KernelRow {
+    pub name: String,
+    pub shape: String,
+    pub rel_err: f32,
+    pub fused_ms: f64,
+    pub reference_ms: f64,
+    pub gbs: f64,
+    pub tflops: f64,
+}
+
+/// The shapes: those of a `flavor` training step of `batch × seq` tokens.
+pub struct Shapes {
+    pub batch: usize,
+    pub seq: usize,
+    pub args: ModelArgs,
+}
+
+fn random<const D: usize>(shape: [usize; D], device: &Device) -> Tensor<D> {
+    Tensor::random(shape, burn::tensor::Distribution::Normal(0.0, 1.0), device)
+}
+
+fn rel_err<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
+    let scale: f32 = b.clone().abs().max().into_scalar();
+    let diff: f32 = (a - b).abs().max().into_scalar();
+    diff / scale.max(1e-12)
+}
+
+/// Mean milliseconds per call of `f` (after a warm-up call), waiting for the device at the end.
+fn time<const D: usize>(iters: usize, f: &dyn Fn() -> Tensor<D>) -> f64 {
+    let sync = |t: Tensor<D>| {
+        let _: f32 = t.flatten::<1>(0, D - 1).slice([0..1]).into_scalar();
+    };
+    sync(f());
+    let start = Instant::now();
+    let mut last = None;
+    for _ in 0..iters {
+        last = Some(f());
+    }
+    sync(last.expect("iters >= 1"));
+    start.elapsed().as_secs_f64() * 1e3 / iters as f64
+}
+
+/// Checks and times one kernel: `fused` and `reference` compute the same tensor.
+fn row<const D: usize>(
+    name: &str,
+    shape: String,
+    iters: usize,
+    bytes: f64,
+    flops: f64,
+    fused: &dyn Fn() -> Tensor<D>,
+    reference: &dyn Fn() -> Tensor<D>,
+) -> KernelRow {
+    let rel_err = rel_err(fused(), reference());
+    let (fused_ms, reference_ms) = (time(iters, fused), time(iters, reference));
+    let s = fused_ms / 1e3;
+    KernelRow {
+        name: name.into(),
+        shape,
+        rel_err,
+        fused_ms,
+        reference_ms,
+        gbs: bytes / s / 1e9,
+        tflops: flops / s / 1e12,
+    }
+}
+
+/// Every kernel at `shapes` on `device` (forward passes; attention also forward + backward).
+pub fn bench_kernels(device: &Device, shapes: &Shapes, iters: usize) -> Result<Vec<KernelRow>> {
+    let (b, t, a) = (shapes.batch, shapes.seq, &shapes.args);
+    let (d, h, kv, hd, f, v) = (a.dim, a.n_heads, a.n_kv_heads, a.head_dim(), a.ffn_hidden_dim(), a.vocab_size);
+    let (n, word) = (b * t, 4.0);
+    let mut rows = Vec::new();
+
+    let (x, w) = (random([b, t, d], device), random([d], device));
+    rows.push(row(
+        "rms_norm",
+        format!("{b}×{t}×{d}"),
+        iters,
+        word * (2 * n * d + d) as f64,
+        (4 * n * d) as f64,
+        &|| titan_kernels::rms_norm(x.clone(), w.clone(), 1e-5, true),
+        &|| titan_kernels::rms_norm(x.clone(), w.clone(), 1e-5, false),
+    ));
+
+    let (g, u) = (random([b, t, f], device), random([b, t, f], device));
+    rows.push(row(
+        "silu_mul",
+        format!("{b}×{t}×{f}"),
+        iters,
+        word * (3 * n * f) as f64,
+        (5 * n * f) as f64,
+        &|| titan_kernels::silu_mul(g.clone(), u.clone(), true),
+        &|| titan_kernels::silu_mul(g.clone(), u.clone(), false),
+    ));
+
+    let q = random([b, h, t, hd], device);
+    let (cos, sin) = (random([1, 1, t, hd], device), random([1, 1, t, hd], device));
+    rows.push(row(
+        "rope",
+        format!("{b}×{h}×{t}×{hd}"),
+        iters,
+        word * (2 * n * h * hd + 2 * t * hd) as f64,
+        (3 * n * h * hd) as f64,
+        &|| titan_kernels::rope(q.clone(), cos.clone(), sin.clone(), true),
+        &|| titan_kernels::rope(q.clone(), cos.clone(), sin.clone(), false),
+    ));
+
+    let (k, vv) = (random([b, kv, t, hd], device), random([b, kv, t, hd], device));
+    let causal_flops = 4.0 * (b * h * hd) as f64 * (t * (t + 1) / 2) as f64;
+    let reference_attention = |q: Tensor<4>, k: Tensor<4>, v: Tensor<4>| {
+        let rep = |x: Tensor<4>| x.unsqueeze_dim::<5>(2).expand([b, kv, h / kv, t, hd]).reshape([b, h, t, hd]);
+        let opts = burn::tensor::ops::AttentionModuleOptions { is_causal: true, ..Default::default() };
+        burn::tensor::module::attention(q, rep(k), rep(v), None, None, opts)
+    };
+    rows.push(row(
+        "attention fwd",
+        format!("b{b} h{h} kv{kv} t{t} d{hd}"),
+        iters,
+        word * (2 * n * h * hd + 2 * n * kv * hd) as f64,
+        causal_flops,
+        &|| titan_kernels::causal_attention(q.clone(), k.clone(), vv.clone()),
+        &|| reference_attention(q.clone(), k.clone(), vv.clone()),
+    ));
+    // Forward + backward: the gradient of q (timing includes dk, dv, which backward computes too).
+    let ad = device.clone().autodiff();
+    let lift = |x: &Tensor<4>| Tensor::<4>::from_data(x.to_data(), &ad).require_grad();
+    let (qa, ka, va) = (lift(&q), lift(&k), lift(&vv));
+    let grad_q = |o: Tensor<4>| o.sum().backward();
+    rows.push(row(
+        "attention fwd+bwd",
+        format!("b{b} h{h} kv{kv} t{t} d{hd}"),
+        iters,
+        word * (6 * n * h * hd + 4 * n * kv * hd) as f64,
+        3.5 * causal_flops,
+        &|| qa.grad(&grad_q(titan_kernels::causal_attention(qa.clone(), ka.clone(), va.clone()))).expect("dq"),
+        &|| qa.grad(&grad_q(reference_attention(qa.clone(), ka.clone(), va.clone()))).expect("dq"),
+    ));
+
+    let logits = random([b, t, v], device);
+    let targets = Tensor::<2, Int>::random([b, t], burn::tensor::Distribution::Uniform(0.0, v as f64), device);
+    rows.push(row(
+        "cross_entropy",
+        format!("{b}×{t}×{v}"),
+        iters,
+        word * (n * v) as f64,
+        (4 * n * v) as f64,
+        &|| titan_kernels::cross_entropy_sum(logits.clone(), targets.clone(), true),
+        &|| titan_kernels::cross_entropy_sum(logits.clone(), targets.clone(), false),
+    ));
+    Ok(rows)
+}
+
+/// Prints the rows as a Markdown table; `peaks = (GB/s, TFLOP/s)` adds the share of each.
+pub fn print_table(rows: &[KernelRow], device: &str, peaks: Option<(f64, f64)>) {
+    println!("kernels on {device} (float32; error relative to the largest reference value)");
+    println!("| kernel | shape | rel. error | fused ms | reference ms | speed-up | GB/s | TFLOP/s |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        let share = |x: f64, peak: f64| format!(" ({:.1} %)", 100.0 * x / peak);
+        let (gb, tf) = match peaks {
+            Some((g, t)) => (share(r.gbs, g), share(r.tflops, t)),
+            None => (String::new(), String::new()),
+        };
+        println!(
+            "| {} | {} | {:.1e} | {:.3} | {:.3} | {:.2}× | {:.1}{gb} | {:.3}{tf} |",
+            r.name,
+            r.shape,
+            r.rel_err,
+            r.fused_ms,
+            r.reference_ms,
+            r.reference_ms / r.fused_ms,
+            r.gbs,
+            r.tflops
+        );
+    }
+}
