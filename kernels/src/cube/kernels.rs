@@ -135,6 +135,24 @@ pub fn rope<F: Float>(
     y[idx] = x[idx] * cos[tab] + rot * sin[tab];
 }
 
+/// `Σ_c a[a0 + c] · b[b0 + c]` over `d` elements.
+#[cube]
+fn dot<F: Float>(a: &Tensor<F>, a0: usize, b: &Tensor<F>, b0: usize, d: usize) -> F {
+    let mut s = F::new(0.0);
+    for c in 0..d {
+        s = s + a[a0 + c] * b[b0 + c];
+    }
+    s
+}
+
+/// The offset of the K/V rows that query row `row` (of `[B, H, T]`) attends to, in `[B, KV, T, D]`.
+#[cube]
+fn kv_offset(row: usize, t: usize, d: usize, h_n: usize, kv_n: usize) -> usize {
+    let bh = row / t;
+    let kh = (bh % h_n) / (h_n / kv_n);
+    ((bh / h_n) * kv_n + kh) * t * d
+}
+
 /// Causal attention, one query row per thread, online softmax: `q: [B, H, T, D]`,
 /// `k, v: [B, KV, T, D]` (GQA: query head `h` reads kv head `h / (H / KV)`). Writes the output
 /// row and its log-sum-exp; no `T × T` matrix exists.
@@ -159,30 +177,18 @@ pub fn attention_fwd<F: Float>(
     }
     let (t, d, h_n, kv_n) = (seq as usize, dim as usize, heads as usize, kv_heads as usize);
     let i = idx % t;
-    let bh = idx / t;
-    let h = bh % h_n;
-    let b = bh / h_n;
-    let kh = h / (h_n / kv_n);
     let qb = idx * d;
-    let kb = (b * kv_n + kh) * t * d;
+    let kb = kv_offset(idx, t, d, h_n, kv_n);
     let sc = F::cast_from(scale);
     // Key 0 is always visible: start the running max and sum from it.
-    let mut s0 = F::new(0.0);
-    for c in 0..d {
-        s0 = s0 + q[qb + c] * k[kb + c];
-    }
-    let mut m = s0 * sc;
+    let mut m = dot::<F>(q, qb, k, kb, d) * sc;
     let mut l = F::new(1.0);
     for c in 0..d {
         o[qb + c] = v[kb + c];
     }
     for j in 1..i + 1 {
         let jb = kb + j * d;
-        let mut s = F::new(0.0);
-        for c in 0..d {
-            s = s + q[qb + c] * k[jb + c];
-        }
-        s = s * sc;
+        let s = dot::<F>(q, qb, k, jb, d) * sc;
         let mut m_new = m;
         if s > m {
             m_new = s;
@@ -226,28 +232,18 @@ pub fn attention_bwd_dq<F: Float>(
     }
     let (t, d, h_n, kv_n) = (seq as usize, dim as usize, heads as usize, kv_heads as usize);
     let i = idx % t;
-    let bh = idx / t;
-    let h = bh % h_n;
-    let b = bh / h_n;
-    let kh = h / (h_n / kv_n);
     let qb = idx * d;
-    let kb = (b * kv_n + kh) * t * d;
+    let kb = kv_offset(idx, t, d, h_n, kv_n);
     let sc = F::cast_from(scale);
-    let mut delta = F::new(0.0);
+    let delta = dot::<F>(d_o, qb, o, qb, d);
     for c in 0..d {
-        delta = delta + d_o[qb + c] * o[qb + c];
         dq[qb + c] = F::new(0.0);
     }
     let row_lse = lse[idx];
     for j in 0..i + 1 {
         let jb = kb + j * d;
-        let mut s = F::new(0.0);
-        let mut dp = F::new(0.0);
-        for c in 0..d {
-            s = s + q[qb + c] * k[jb + c];
-            dp = dp + d_o[qb + c] * v[jb + c];
-        }
-        let p = (s * sc - row_lse).exp();
+        let dp = dot::<F>(d_o, qb, v, jb, d);
+        let p = (dot::<F>(q, qb, k, jb, d) * sc - row_lse).exp();
         let ds = p * (dp - delta) * sc;
         for c in 0..d {
             dq[qb + c] = dq[qb + c] + ds * k[jb + c];
@@ -296,15 +292,9 @@ pub fn attention_bwd_dkv<F: Float>(
         for i in j..t {
             let qi = (b * h_n + h) * t + i;
             let qb = qi * d;
-            let mut s = F::new(0.0);
-            let mut dp = F::new(0.0);
-            let mut delta = F::new(0.0);
-            for c in 0..d {
-                s = s + q[qb + c] * k[kb + c];
-                dp = dp + d_o[qb + c] * v[kb + c];
-                delta = delta + d_o[qb + c] * o[qb + c];
-            }
-            let p = (s * sc - lse[qi]).exp();
+            let dp = dot::<F>(d_o, qb, v, kb, d);
+            let delta = dot::<F>(d_o, qb, o, qb, d);
+            let p = (dot::<F>(q, qb, k, kb, d) * sc - lse[qi]).exp();
             let ds = p * (dp - delta) * sc;
             for c in 0..d {
                 dv[kb + c] = dv[kb + c] + p * d_o[qb + c];
