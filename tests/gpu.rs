@@ -5,22 +5,22 @@ mod common;
 use common::*;
 
 /// The tiny model's steps on the wgpu CPU adapter — fused RMSNorm, SwiGLU, RoPE, attention and
-/// cross-entropy kernels — give the flex run's losses and gradient norms. Tolerance 1e-4
+/// cross-entropy kernels — give the flex run's losses and gradient norms. Tolerance 1e-5
 /// relative: the kernels sum in other orders and llvmpipe's `exp` differs from Rust's in the
-/// last bits, and AdamW carries those differences through the steps.
+/// last bits; measured ≤ 6e-7 over the three steps.
 #[test]
 fn training_on_the_wgpu_adapter_matches_the_cpu_run() {
     let d = tempfile::tempdir().unwrap();
     let flags = "--training.global_batch_size 4 --parallelism.data_parallel_shard_degree 1";
     let cpu = layout_run(&d.path().join("cpu"), flags, 3);
     let gpu = layout_run(&d.path().join("wgpu"), &format!("{flags} --training.device wgpu"), 3);
-    assert_matches("wgpu vs cpu", &cpu, &gpu, 1e-4);
+    assert_matches("wgpu vs cpu", &cpu, &gpu, 1e-5);
     let reference = layout_run(
         &d.path().join("wgpu-reference"),
         &format!("{flags} --training.device wgpu --model.kernels reference --model.attention reference"),
         3,
     );
-    assert_matches("wgpu composed ops vs cpu", &cpu, &reference, 1e-4);
+    assert_matches("wgpu composed ops vs cpu", &cpu, &reference, 1e-5);
 }
 
 #[test]
