@@ -30,8 +30,8 @@ fn a_missing_adapter_is_a_clear_error_listing_what_exists() {
     assert_clean_error(&o, &["`training.device_index` = 3", "adapters found"]);
 }
 
-/// float16 compute on the wgpu adapter tracks float32 (5e-2 relative: 11 bits of mantissa and
-/// AdamW over the steps). bfloat16: Mesa's software adapter has no bfloat16 arithmetic, so it is
+/// float16 compute on the wgpu adapter tracks float32 (2e-3 relative: 11 bits of mantissa and
+/// AdamW over the steps; measured 2.4e-4). bfloat16: Mesa's software adapter has no bfloat16 arithmetic, so it is
 /// a clear error there; where an adapter has it, it must track float32 too.
 #[test]
 fn half_precision_on_the_wgpu_adapter() {
@@ -39,14 +39,14 @@ fn half_precision_on_the_wgpu_adapter() {
     let flags = "--training.global_batch_size 4 --parallelism.data_parallel_shard_degree 1 --training.device wgpu";
     let f32_run = layout_run(&d.path().join("f32"), flags, 3);
     let f16 = layout_run(&d.path().join("f16"), &format!("{flags} --training.mixed_precision_param float16"), 3);
-    assert_matches("float16 vs float32 on wgpu", &f32_run, &f16, 5e-2);
+    assert_matches("float16 vs float32 on wgpu", &f32_run, &f16, 2e-3);
     let dump = d.path().join("bf16");
     let o = run(
         &tiny_args(&dump, 3),
         &[&flags.split(' ').collect::<Vec<_>>()[..], &["--training.mixed_precision_param", "bfloat16"]].concat(),
     );
     if o.status.success() {
-        assert_matches("bfloat16 vs float32 on wgpu", &f32_run, &metric_values(&dump), 5e-2);
+        assert_matches("bfloat16 vs float32 on wgpu", &f32_run, &metric_values(&dump), 1e-2);
     } else {
         assert_clean_error(&o, &["`training.mixed_precision_param` = \"bfloat16\"", "\"float16\""]);
     }

@@ -126,15 +126,15 @@ fn impossible_pipeline_configs_are_clear_errors() {
 }
 
 /// Mixed precision composes with the pipeline and FSDP: bfloat16 compute under pp 2 and under
-/// FSDP 2 tracks the single-rank bfloat16 run (1e-2 relative: the microbatch and shard sums
-/// round to bfloat16 in other orders).
+/// FSDP 2 tracks the single-rank bfloat16 run (2e-3 relative: the microbatch and shard sums
+/// round to bfloat16 in other orders; measured ≤ 2e-4).
 #[test]
 fn bfloat16_compute_composes_with_pipeline_and_fsdp() {
     let d = tempfile::tempdir().unwrap();
     let bf16 = "--training.mixed_precision_param bfloat16";
     let single = layout_run(&d.path().join("single"), &format!("{DEBUG} 1 --training.local_batch_size 8 {bf16}"), 3);
     let pp = format!("{DEBUG} 1 --training.local_batch_size 8 --parallelism.pipeline_parallel_degree 2 {bf16}");
-    assert_matches("pp2 bfloat16", &single, &layout_run(&d.path().join("pp2"), &pp, 3), 1e-2);
+    assert_matches("pp2 bfloat16", &single, &layout_run(&d.path().join("pp2"), &pp, 3), 2e-3);
     let fsdp = format!("{DEBUG} 2 --training.local_batch_size 4 {bf16}");
-    assert_matches("fsdp2 bfloat16", &single, &layout_run(&d.path().join("fsdp2"), &fsdp, 3), 1e-2);
+    assert_matches("fsdp2 bfloat16", &single, &layout_run(&d.path().join("fsdp2"), &fsdp, 3), 2e-3);
 }

@@ -362,14 +362,15 @@ fn checkpoints_reshard_across_data_parallel_layouts() {
 }
 
 /// Mixed precision on the CPU: bfloat16 compute with float32 master weights and AdamW state
-/// tracks the float32 run (tolerance 5e-2 relative: bfloat16 keeps 8 bits of mantissa) but is
+/// tracks the float32 run (tolerance 1e-2 relative: bfloat16 keeps 8 bits of mantissa; measured
+/// 2.1e-3 over the 5 steps) but is
 /// not identical to it (the casts happen), and the parameters stay float32 (same bytes).
 #[test]
 fn mixed_precision_bfloat16_tracks_float32_with_float32_masters() {
     let d = tempfile::tempdir().unwrap();
     let f32_run = layout_run(&d.path().join("f32"), "", 5);
     let bf16_run = layout_run(&d.path().join("bf16"), "--training.mixed_precision_param bfloat16", 5);
-    assert_matches("bfloat16 vs float32", &f32_run, &bf16_run, 5e-2);
+    assert_matches("bfloat16 vs float32", &f32_run, &bf16_run, 1e-2);
     assert_ne!(f32_run, bf16_run, "bfloat16 compute gave the float32 numbers exactly");
     let bytes = |p: &str| {
         let m = std::fs::read_to_string(d.path().join(p).join("metrics.jsonl")).unwrap();

@@ -50,8 +50,7 @@ pub fn plan(cfg: &JobConfig) -> Result<String> {
     );
     let t = simulate(layout.schedule, pp, v, n).map_err(|e| anyhow!(e))?;
     out += &t.render();
-    let peaks: Vec<String> =
-        (0..pp).map(|r| peak_in_flight(&rank_actions(layout.schedule, pp, v, n, r)).to_string()).collect();
+    let peaks: Vec<String> = peaks(layout.schedule, pp, v, n).iter().map(usize::to_string).collect();
     let _ = writeln!(
         out,
         "bubble: {:.1}% of rank time idle; activations held at most (microbatch-stages per rank): {}",
@@ -68,6 +67,11 @@ pub fn plan(cfg: &JobConfig) -> Result<String> {
     Ok(out)
 }
 
+/// Each rank's peak of microbatch-stages whose activations it holds.
+fn peaks(s: Schedule, pp: usize, v: usize, n: usize) -> Vec<usize> {
+    (0..pp).map(|r| peak_in_flight(&rank_actions(s, pp, v, n, r))).collect()
+}
+
 /// One schedule's bubble and peak activations on `pp` ranks with `n` microbatches (the
 /// interleaved one with two stages per rank), or why it does not apply.
 fn compare(s: Schedule, args: &ModelArgs, pp: usize, n: usize) -> String {
@@ -82,7 +86,7 @@ fn compare(s: Schedule, args: &ModelArgs, pp: usize, n: usize) -> String {
     };
     match simulate(s, pp, v, n) {
         Ok(t) => {
-            let peak = (0..pp).map(|r| peak_in_flight(&rank_actions(s, pp, v, n, r))).max().unwrap_or(0);
+            let peak = peaks(s, pp, v, n).into_iter().max().unwrap_or(0);
             // A stage is 1/v of a rank's layers: time in forwards of a rank's whole share.
             let time = t.makespan as f64 / v as f64;
             format!(
