@@ -1,6 +1,7 @@
 //! titan-rs: LLM pre-training on Burn. This crate is the trainer: config, train loop, metrics,
 //! checkpoint glue, text generation and benchmarks. The binary is `titan-rs`.
 
+pub mod alloc;
 pub mod bench;
 pub mod bench_comm;
 pub mod bench_kernels;

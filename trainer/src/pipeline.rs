@@ -177,6 +177,41 @@ fn tag(stage: usize, microbatch: usize, stages: usize, backward: bool) -> u32 {
     ((microbatch * stages + stage) * 2 + usize::from(backward)) as u32
 }
 
+/// Moves `[b, positions, dim]` hidden states (activations forward, their gradients backward)
+/// between the ranks of the pipeline group, tagged by the stage they are for and the microbatch.
+struct Wire<'a> {
+    pp: Option<&'a dyn Communicator>,
+    layout: &'a RankLayout,
+    hidden: [usize; 3],
+    device: &'a Device,
+}
+
+impl Wire<'_> {
+    fn comm(&self) -> &dyn Communicator {
+        self.pp.expect("a pipeline of several ranks has a pp group")
+    }
+
+    fn tag(&self, stage: usize, microbatch: usize, backward: bool) -> u32 {
+        tag(stage, microbatch, self.layout.split.num_stages(), backward)
+    }
+
+    /// What `from`'s rank sent for `stage` (its activations, or with `backward` the gradient of
+    /// `stage`'s output).
+    fn recv(&self, stage: usize, microbatch: usize, from: usize, backward: bool) -> Result<Tensor<3>> {
+        let mut buf = vec![0f32; self.hidden.iter().product()];
+        self.comm().recv(&mut buf, self.layout.split.rank_of_stage(from), self.tag(stage, microbatch, backward))?;
+        Ok(Tensor::from_data(TensorData::new(buf, self.hidden), self.device))
+    }
+
+    /// Sends `x` to the rank of `stage` (activations for its input, or with `backward` the
+    /// gradient of its output).
+    fn send(&self, x: Tensor<3>, stage: usize, microbatch: usize, backward: bool) -> Result<()> {
+        let data = x.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 hidden states");
+        self.comm().send(&data, self.layout.split.rank_of_stage(stage), self.tag(stage, microbatch, backward))?;
+        Ok(())
+    }
+}
+
 /// Runs this rank's schedule for one batch (split into the layout's microbatches), adding the
 /// parameter gradients to `acc`.
 pub fn run_schedule(
@@ -191,10 +226,7 @@ pub fn run_schedule(
     let (b, t) = (io.batch.batch / layout.microbatches, io.batch.seq_len);
     let stages = layout.split.num_stages();
     let rows = |v: &[i64], m: usize| to_tensor_2d(&v[m * b * t..(m + 1) * b * t], b, t, device);
-    let hidden = [b, io.hidden_positions, io.dim];
-    let n_hidden = b * io.hidden_positions * io.dim;
-    let peer = |stage: usize| layout.split.rank_of_stage(stage);
-    let comm = || pp.expect("a pipeline of several ranks has a pp group");
+    let wire = Wire { pp, layout, hidden: [b, io.hidden_positions, io.dim], device };
     let mut saved: HashMap<(usize, usize), Saved> = HashMap::new();
     let (mut loss_sum, mut busy) = (0.0f64, Duration::ZERO);
     for action in
@@ -204,10 +236,9 @@ pub fn run_schedule(
         let start = Instant::now();
         let mut recv = |stage: usize, m: usize, from: usize, backward: bool| -> Result<Tensor<3>> {
             let w = Instant::now();
-            let mut buf = vec![0f32; n_hidden];
-            comm().recv(&mut buf, peer(from), tag(stage, m, stages, backward))?;
+            let x = wire.recv(stage, m, from, backward);
             waited += w.elapsed();
-            Ok(Tensor::from_data(TensorData::new(buf, hidden), device))
+            x
         };
         match action {
             Action::Forward { stage, microbatch: m } => {
@@ -227,8 +258,7 @@ pub fn run_schedule(
                     loss_sum += loss.clone().into_scalar::<f32>() as f64;
                     saved.insert((stage, m), Saved::Loss(x, loss));
                 } else {
-                    let data = y.clone().into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 activations");
-                    comm().send(&data, peer(stage + 1), tag(stage + 1, m, stages, false))?;
+                    wire.send(y.clone(), stage + 1, m, false)?;
                     saved.insert((stage, m), Saved::Output(x, y));
                 }
             }
@@ -243,9 +273,7 @@ pub fn run_schedule(
                     }
                 };
                 if let Some(x) = x {
-                    let dx = x.grad(&grads).expect("the stage input takes part in the loss");
-                    let data = dx.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 gradient");
-                    comm().send(&data, peer(stage - 1), tag(stage - 1, m, stages, true))?;
+                    wire.send(x.grad(&grads).expect("the stage input takes part in the loss"), stage - 1, m, true)?;
                 }
                 grads::accumulate(model, acc, GradientsParams::from_grads(grads, model));
             }
@@ -269,26 +297,19 @@ pub fn forward_only(
 ) -> Result<f64> {
     let (b, t) = (batch.batch, batch.seq_len);
     let stages = layout.split.num_stages();
+    let wire = Wire { pp, layout, hidden: [b, hidden_positions, dim], device };
     let mut loss = 0.0;
     for (c, &stage) in layout.stages.iter().enumerate() {
         let input = if stage == 0 {
             StageInput::Tokens(to_tensor_2d(&batch.inputs, b, t, device))
         } else {
-            let mut buf = vec![0f32; b * hidden_positions * dim];
-            let comm = pp.expect("pp group");
-            comm.recv(&mut buf, layout.split.rank_of_stage(stage - 1), tag(stage, 0, stages, false))?;
-            StageInput::Hidden(Tensor::from_data(TensorData::new(buf, [b, hidden_positions, dim]), device))
+            StageInput::Hidden(wire.recv(stage, 0, stage - 1, false)?)
         };
         let y = model.chunks[c].forward_stage(input, t);
         if stage == stages - 1 {
             loss = placement.loss(y, to_tensor_2d(&batch.targets, b, t, device)).into_scalar::<f32>() as f64;
         } else {
-            let data = y.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 activations");
-            pp.expect("pp group").send(
-                &data,
-                layout.split.rank_of_stage(stage + 1),
-                tag(stage + 1, 0, stages, false),
-            )?;
+            wire.send(y, stage + 1, 0, false)?;
         }
     }
     Ok(loss)

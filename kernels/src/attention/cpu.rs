@@ -1,11 +1,18 @@
 //! Host kernels of the fused causal attention, on row-major `[B, heads, T, D]` slices.
 //!
-//! Work is split by (batch, kv head): each task owns its slices of every output, so results do
-//! not depend on the number of threads (bitwise deterministic). Dot products use 8 independent
-//! accumulators so they vectorise.
+//! Flash-attention style: queries and keys are cut into tiles of [`TILE`] rows; for each query
+//! tile the key tiles up to the diagonal are visited with an online softmax (running maximum and
+//! sum per row), so no more than one `TILE × TILE` block of scores exists at a time — the
+//! `[T, T]` matrix is never formed, forward or backward. The tile products are GEMMs (`gemm`
+//! crate, see [`super::matmul`]). Work is split by (batch, kv head): each task owns its slices of
+//! every output and runs serially, so results do not depend on the number of threads (bitwise
+//! deterministic).
 
+use super::matmul::{matmul, View};
 use rayon::prelude::*;
 
+/// Rows of a query or key tile.
+pub const TILE: usize = 64;
 /// Shapes: queries `[b, h, t, d]`, keys/values `[b, kv, t, d]`, `h` a multiple of `kv`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dims {
@@ -56,13 +63,6 @@ fn sum(a: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + r.iter().sum::<f32>()
 }
 
-#[inline]
-fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
-    for (yi, xi) in y.iter_mut().zip(x) {
-        *yi += alpha * xi;
-    }
-}
-
 /// `e^x` for `x <= 0` to ~1e-7 relative (Cephes' expf polynomial), branch-free so the loop
 /// over a row vectorises; libm's `expf` per element was a third of the kernel's time.
 #[inline]
@@ -82,33 +82,20 @@ fn exp_nonpositive(x: f32) -> f32 {
     f32::from_bits(((n as i32 + 127) as u32) << 23) * y
 }
 
-/// `s[j] = exp(s[j] - shift)` for the row.
+/// Keys a query row `i` (absolute) may see inside the key tile starting at `j0` of length `bk`.
 #[inline]
-fn exp_shifted(s: &mut [f32], shift: f32) {
-    for x in s.iter_mut() {
-        *x = exp_nonpositive(*x - shift);
-    }
+fn visible(i: usize, j0: usize, bk: usize) -> usize {
+    (i + 1).saturating_sub(j0).min(bk)
 }
 
-/// `out[j] = Σ_c x[c] · mt[c][j]` for `j < out.len()`, with `mt` the `[d, t]` transpose of a
-/// head's `[t, d]` rows: the scores of one query against every key, vectorised across keys.
+/// `s[j] = exp(s[j] · scale − shift)` for the visible prefix, `0` for the masked rest.
 #[inline]
-fn scores(x: &[f32], mt: &[f32], t: usize, out: &mut [f32]) {
-    out.iter_mut().for_each(|o| *o = 0.0);
-    let n = out.len();
-    for (c, &xc) in x.iter().enumerate() {
-        axpy(xc, &mt[c * t..c * t + n], out);
+fn probabilities(s: &mut [f32], visible: usize, scale: f32, shift: f32) {
+    let (seen, masked) = s.split_at_mut(visible);
+    for x in seen.iter_mut() {
+        *x = exp_nonpositive(*x * scale - shift);
     }
-}
-
-fn transpose(m: &[f32], t: usize, d: usize) -> Vec<f32> {
-    let mut out = vec![0f32; t * d];
-    for i in 0..t {
-        for c in 0..d {
-            out[c * t + i] = m[i * d + c];
-        }
-    }
-    out
+    masked.iter_mut().for_each(|x| *x = 0.0);
 }
 
 /// Output `[b, h, t, d]` and per-row log-sum-exp `[b, h, t]` of `softmax(q kᵀ · scale, causal) v`.
@@ -119,33 +106,45 @@ pub fn forward(q: &[f32], k: &[f32], v: &[f32], n: Dims, scale: f32) -> (Vec<f32
     o.par_chunks_mut(rep * hs).zip(lse.par_chunks_mut(rep * t)).enumerate().for_each(|(bg, (o, lse))| {
         let kv_off = bg * hs;
         let (kh, vh) = (&k[kv_off..kv_off + hs], &v[kv_off..kv_off + hs]);
-        let kt = transpose(kh, t, d);
-        let mut s = vec![0f32; t];
+        let mut s = vec![0f32; TILE * TILE];
+        let (mut max, mut total) = ([0f32; TILE], [0f32; TILE]);
         for r in 0..rep {
             let q_off = (bg * rep + r) * hs;
-            let qh = &q[q_off..q_off + hs];
-            for i in 0..t {
-                let qi = &qh[i * d..(i + 1) * d];
-                let row = &mut s[..=i];
-                scores(qi, &kt, t, row);
-                row.iter_mut().for_each(|x| *x *= scale);
-                let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                exp_shifted(row, m);
-                let l = sum(row);
-                let oi = &mut o[r * hs + i * d..r * hs + (i + 1) * d];
-                for (j, &p) in row.iter().enumerate() {
-                    axpy(p, &vh[j * d..(j + 1) * d], oi);
+            for i0 in (0..t).step_by(TILE) {
+                let bq = TILE.min(t - i0);
+                let qi = View::rows(&q[q_off + i0 * d..q_off + (i0 + bq) * d], bq, d);
+                let oi = &mut o[r * hs + i0 * d..r * hs + (i0 + bq) * d];
+                max[..bq].fill(f32::NEG_INFINITY);
+                total[..bq].fill(0.0);
+                for j0 in (0..i0 + bq).step_by(TILE) {
+                    let bk = TILE.min(i0 + bq - j0);
+                    let s = &mut s[..bq * bk];
+                    matmul(s, bk, false, qi, View::rows(&kh[j0 * d..(j0 + bk) * d], bk, d).t());
+                    for a in 0..bq {
+                        let row = &mut s[a * bk..(a + 1) * bk];
+                        let seen = visible(i0 + a, j0, bk);
+                        let m = row[..seen].iter().fold(max[a], |m, &x| m.max(x * scale));
+                        probabilities(row, seen, scale, m);
+                        let correction = exp_nonpositive(max[a] - m);
+                        total[a] = total[a] * correction + sum(row);
+                        max[a] = m;
+                        oi[a * d..(a + 1) * d].iter_mut().for_each(|x| *x *= correction);
+                    }
+                    matmul(oi, d, true, View::rows(s, bq, bk), View::rows(&vh[j0 * d..(j0 + bk) * d], bk, d));
                 }
-                let inv = 1.0 / l;
-                oi.iter_mut().for_each(|x| *x *= inv);
-                lse[r * t + i] = m + l.ln();
+                for a in 0..bq {
+                    let inv = 1.0 / total[a];
+                    oi[a * d..(a + 1) * d].iter_mut().for_each(|x| *x *= inv);
+                    lse[r * t + i0 + a] = max[a] + total[a].ln();
+                }
             }
         }
     });
     (o, lse)
 }
 
-/// Gradients `(dq, dk, dv)` from the forward's inputs, output, log-sum-exp and `d_o`.
+/// Gradients `(dq, dk, dv)` from the forward's inputs, output, log-sum-exp and `d_o`
+/// (FlashAttention-2's backward: probabilities recomputed tile by tile from the log-sum-exp).
 #[allow(clippy::too_many_arguments)]
 pub fn backward(
     q: &[f32],
@@ -165,28 +164,37 @@ pub fn backward(
         |(bg, (dq, (dk, dv)))| {
             let kv_off = bg * hs;
             let (kh, vh) = (&k[kv_off..kv_off + hs], &v[kv_off..kv_off + hs]);
-            let (kt, vt) = (transpose(kh, t, d), transpose(vh, t, d));
-            let (mut p, mut dp) = (vec![0f32; t], vec![0f32; t]);
+            let (mut p, mut ds) = (vec![0f32; TILE * TILE], vec![0f32; TILE * TILE]);
+            let mut delta = [0f32; TILE];
             for r in 0..rep {
                 let head = bg * rep + r;
                 let (q_off, l_off) = (head * hs, head * t);
-                for i in 0..t {
-                    let row = q_off + i * d;
-                    let (qi, doi) = (&q[row..row + d], &d_o[row..row + d]);
-                    let di = dot(doi, &o[row..row + d]);
-                    let li = lse[l_off + i];
-                    let dqi = &mut dq[r * hs + i * d..r * hs + (i + 1) * d];
-                    let (p, dp) = (&mut p[..=i], &mut dp[..=i]);
-                    scores(qi, &kt, t, p);
-                    p.iter_mut().for_each(|x| *x *= scale);
-                    exp_shifted(p, li);
-                    scores(doi, &vt, t, dp);
-                    for j in 0..=i {
-                        let kj = &kh[j * d..(j + 1) * d];
-                        let ds = p[j] * (dp[j] - di) * scale;
-                        axpy(ds, kj, dqi);
-                        axpy(ds, qi, &mut dk[j * d..(j + 1) * d]);
-                        axpy(p[j], doi, &mut dv[j * d..(j + 1) * d]);
+                for i0 in (0..t).step_by(TILE) {
+                    let bq = TILE.min(t - i0);
+                    let rows = q_off + i0 * d..q_off + (i0 + bq) * d;
+                    let (qi, doi) = (View::rows(&q[rows.clone()], bq, d), View::rows(&d_o[rows.clone()], bq, d));
+                    for (a, di) in delta[..bq].iter_mut().enumerate() {
+                        let row = rows.start + a * d..rows.start + (a + 1) * d;
+                        *di = dot(&d_o[row.clone()], &o[row]);
+                    }
+                    let dqi = &mut dq[r * hs + i0 * d..r * hs + (i0 + bq) * d];
+                    for j0 in (0..i0 + bq).step_by(TILE) {
+                        let bk = TILE.min(i0 + bq - j0);
+                        let (p, ds) = (&mut p[..bq * bk], &mut ds[..bq * bk]);
+                        let (kj, vj) = (&kh[j0 * d..(j0 + bk) * d], &vh[j0 * d..(j0 + bk) * d]);
+                        matmul(p, bk, false, qi, View::rows(kj, bk, d).t());
+                        matmul(ds, bk, false, doi, View::rows(vj, bk, d).t());
+                        for a in 0..bq {
+                            let row = a * bk..(a + 1) * bk;
+                            probabilities(&mut p[row.clone()], visible(i0 + a, j0, bk), scale, lse[l_off + i0 + a]);
+                            for (g, &pj) in ds[row.clone()].iter_mut().zip(&p[row]) {
+                                *g = pj * (*g - delta[a]) * scale;
+                            }
+                        }
+                        let (p, ds) = (View::rows(p, bq, bk), View::rows(ds, bq, bk));
+                        matmul(&mut dv[j0 * d..(j0 + bk) * d], d, true, p.t(), doi);
+                        matmul(dqi, d, true, ds, View::rows(kj, bk, d));
+                        matmul(&mut dk[j0 * d..(j0 + bk) * d], d, true, ds.t(), qi);
                     }
                 }
             }

@@ -6,12 +6,16 @@ use burn::tensor::ops::AttentionModuleOptions;
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
 
-/// Largest |a-b| relative to the largest |b|.
+/// Largest |a-b| relative to the largest |b|, with the scale floored at 1: the inputs are
+/// standard normal, so outputs and gradients are of order 1 (the largest of each is above 1 in
+/// every shape tested) except those that are zero in exact arithmetic (dq, dk at T = 1, where
+/// `dP − rowsum(dO∘O)` cancels and only rounding noise of the O(1) terms is left); those are
+/// compared in absolute terms.
 fn rel_err(a: &Tensor<4>, b: &Tensor<4>) -> f32 {
     let a: Vec<f32> = a.to_data().convert::<f32>().try_to_vec().unwrap();
     let b: Vec<f32> = b.to_data().convert::<f32>().try_to_vec().unwrap();
     assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-12);
+    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1.0);
     a.iter().zip(&b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
 }
 
@@ -28,9 +32,17 @@ fn reference(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
     attention(q, rep(k), rep(v), None, None, AttentionModuleOptions { is_causal: true, ..Default::default() })
 }
 
-/// Shapes: T not a multiple of 8 or of any tile, GQA, T = 1, D not a multiple of 8.
-const SHAPES: &[(usize, usize, usize, usize, usize)] =
-    &[(2, 4, 2, 37, 16), (1, 2, 2, 1, 8), (2, 4, 4, 64, 32), (1, 6, 2, 20, 12), (3, 8, 1, 9, 4)];
+/// Shapes: T below, equal to and above the tile (`cpu::TILE` = 64) and not a multiple of it
+/// (150 = 64 + 64 + 22, 129 = 2·64 + 1), GQA, T = 1, D not a multiple of 8.
+const SHAPES: &[(usize, usize, usize, usize, usize)] = &[
+    (2, 4, 2, 37, 16),
+    (1, 2, 2, 1, 8),
+    (2, 4, 4, 64, 32),
+    (1, 6, 2, 20, 12),
+    (3, 8, 1, 9, 4),
+    (1, 4, 2, 150, 16),
+    (2, 2, 1, 129, 8),
+];
 
 /// f32 tolerance: relative to the largest value, as in the issue (≤ 1e-5).
 const TOL: f32 = 1e-5;
@@ -63,9 +75,9 @@ fn forward_and_gradients_match_the_reference() {
 #[test]
 fn results_do_not_depend_on_the_thread_count() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
-    let n = cpu::Dims { b: 2, h: 4, kv: 2, t: 33, d: 16 };
+    let n = cpu::Dims { b: 2, h: 4, kv: 2, t: 133, d: 16 };
     let mut r = |len: usize| (0..len).map(|_| rng.sample::<f32, _>(StandardNormal)).collect::<Vec<f32>>();
-    let (q, k, v, d_o) = (r(2 * 4 * 33 * 16), r(2 * 2 * 33 * 16), r(2 * 2 * 33 * 16), r(2 * 4 * 33 * 16));
+    let (q, k, v, d_o) = (r(2 * 4 * 133 * 16), r(2 * 2 * 133 * 16), r(2 * 2 * 133 * 16), r(2 * 4 * 133 * 16));
     let run = |threads| {
         rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(|| {
             let (o, lse) = cpu::forward(&q, &k, &v, n, 0.25);
