@@ -6,18 +6,27 @@
 //!   forward keeps the output and the per-row log-sum-exp, backward recomputes the
 //!   probabilities. On the CPU (flex) a tiled Rust kernel, multithreaded with rayon; on CubeCL
 //!   devices a `#[cube]` kernel.
-//! * `cube` (features `wgpu` / `cuda`): CubeCL kernels for RMSNorm, SwiGLU's `silu · mul`,
-//!   RoPE and the fused softmax cross-entropy.
+//! * [`ops`]: RMSNorm, SwiGLU's `silu · mul`, RoPE and the fused softmax cross-entropy, one
+//!   pass per forward and per backward: on the CPU Rust kernels ([`host`]), on CubeCL devices
+//!   (features `wgpu` / `cuda`) `#[cube]` kernels.
 //!
 //! Each routing function below takes `fused`: `false` forces the reference path.
 
 pub mod attention;
 #[cfg(feature = "cube")]
 pub mod cube;
+pub mod host;
+pub mod ops;
 pub mod reference;
 
-pub use attention::{causal_attention, supports_fused_attention};
+pub use attention::causal_attention;
 use burn::prelude::*;
+
+/// Whether `device` has the fused kernels: the CPU (flex) or a CubeCL device, with or without
+/// autodiff.
+pub fn has_kernels(device: &Device) -> bool {
+    device.clone().without_autodiff() == Device::flex() || on_cube(device)
+}
 
 /// Whether `device` runs the CubeCL kernels (a wgpu or CUDA device, with or without autodiff).
 pub fn on_cube(device: &Device) -> bool {
@@ -34,40 +43,32 @@ pub fn on_cube(device: &Device) -> bool {
 
 /// RMSNorm of `x: [B, T, D]` with weight `[D]`.
 pub fn rms_norm(x: Tensor<3>, w: Tensor<1>, eps: f64, fused: bool) -> Tensor<3> {
-    #[cfg(feature = "cube")]
-    if fused && on_cube(&x.device()) {
-        return cube::rms_norm(x, w, eps);
+    if fused && has_kernels(&x.device()) {
+        return ops::rms_norm(x, w, eps);
     }
-    let _ = fused;
     reference::rms_norm(x, w, eps)
 }
 
 /// `silu(gate) · up` (SwiGLU's gate).
 pub fn silu_mul<const D: usize>(gate: Tensor<D>, up: Tensor<D>, fused: bool) -> Tensor<D> {
-    #[cfg(feature = "cube")]
-    if fused && on_cube(&gate.device()) {
-        return cube::silu_mul(gate, up);
+    if fused && has_kernels(&gate.device()) {
+        return ops::silu_mul(gate, up);
     }
-    let _ = fused;
     reference::silu_mul(gate, up)
 }
 
 /// Rotate-half RoPE of `x: [B, H, T, D]` with tables `[1, 1, T, D]`.
 pub fn rope(x: Tensor<4>, cos: Tensor<4>, sin: Tensor<4>, fused: bool) -> Tensor<4> {
-    #[cfg(feature = "cube")]
-    if fused && on_cube(&x.device()) {
-        return cube::rope(x, cos, sin);
+    if fused && has_kernels(&x.device()) {
+        return ops::rope(x, cos, sin);
     }
-    let _ = fused;
     reference::rope(x, cos, sin)
 }
 
 /// Cross-entropy summed over positions (`logits: [B, T, V]`, `targets: [B, T]`).
 pub fn cross_entropy_sum(logits: Tensor<3>, targets: Tensor<2, Int>, fused: bool) -> Tensor<1> {
-    #[cfg(feature = "cube")]
-    if fused && on_cube(&logits.device()) {
-        return cube::cross_entropy_sum(logits, targets);
+    if fused && has_kernels(&logits.device()) {
+        return ops::cross_entropy_sum(logits, targets);
     }
-    let _ = fused;
     reference::cross_entropy_sum(logits, targets)
 }

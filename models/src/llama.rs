@@ -14,7 +14,7 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::DType;
 use std::ops::Range;
-use titan_kernels::{causal_attention, supports_fused_attention};
+use titan_kernels::{causal_attention, has_kernels};
 
 const INIT_STD: f64 = 0.02;
 
@@ -57,7 +57,7 @@ impl Attention {
         let k = rope.apply(heads(self.wk.forward(x.clone())));
         let v = heads(self.wv.forward(x));
         let (nh, nkv) = (q.dims()[1], k.dims()[1]);
-        let o = if self.fused && supports_fused_attention(&q.device()) {
+        let o = if self.fused && has_kernels(&q.device()) {
             causal_attention(q, k, v)
         } else {
             let (k, v) = (repeat_kv(k, nh / nkv), repeat_kv(v, nh / nkv));

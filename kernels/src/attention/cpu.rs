@@ -9,6 +9,7 @@
 //! deterministic).
 
 use super::matmul::{matmul, View};
+use crate::host::math::{dot, exp_nonpositive, sum};
 use rayon::prelude::*;
 
 /// Rows of a query or key tile.
@@ -30,56 +31,6 @@ impl Dims {
     fn head(&self) -> usize {
         self.t * self.d
     }
-}
-
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let mut s = acc.iter().sum::<f32>();
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
-    }
-    s
-}
-
-/// Sum in a fixed order with 8 lanes (vectorises; deterministic).
-#[inline]
-fn sum(a: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let c = a.chunks_exact(8);
-    let r = c.remainder();
-    for x in c {
-        for l in 0..8 {
-            acc[l] += x[l];
-        }
-    }
-    acc.iter().sum::<f32>() + r.iter().sum::<f32>()
-}
-
-/// `e^x` for `x <= 0` to ~1e-7 relative (Cephes' expf polynomial), branch-free so the loop
-/// over a row vectorises; libm's `expf` per element was a third of the kernel's time.
-#[inline]
-fn exp_nonpositive(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const ROUND: f32 = 12_582_912.0; // 1.5 · 2^23: adding it rounds to an integer
-    let x = x.max(-87.0);
-    let n = (x * LOG2E + ROUND) - ROUND;
-    let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
-    let mut p = 1.987_569_1e-4f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
-    let y = p * r * r + r + 1.0;
-    f32::from_bits(((n as i32 + 127) as u32) << 23) * y
 }
 
 /// Keys a query row `i` (absolute) may see inside the key tile starting at `j0` of length `bk`.
@@ -201,9 +152,4 @@ pub fn backward(
         },
     );
     (dq, dk, dv)
-}
-
-#[cfg(test)]
-pub(super) fn exp_for_tests(x: f32) -> f32 {
-    exp_nonpositive(x)
 }

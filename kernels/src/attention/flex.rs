@@ -1,20 +1,10 @@
-//! The flex (CPU) implementation: a host round trip into the kernels of [`super::cpu`].
+//! The flex (CPU) implementation: the tensors' values (borrowed when contiguous `f32`) go
+//! through the kernels of [`super::cpu`].
 
 use super::cpu::{self, Dims};
 use super::FusedAttentionOps;
-use burn::backend::ops::FloatTensorOps;
+use crate::host::{floats, tensor_like};
 use burn::backend::{tensor::FloatTensor, Flex, TensorMetadata};
-use burn::tensor::{read_sync, DType, TensorData};
-
-fn host(t: FloatTensor<Flex>) -> Vec<f32> {
-    let data = read_sync(Flex::float_into_data(t)).expect("reading a flex tensor");
-    data.convert_dtype(DType::F32).try_into_vec_as::<f32>().expect("f32 data")
-}
-
-fn device_tensor(v: Vec<f32>, shape: Vec<usize>, like: &FloatTensor<Flex>) -> FloatTensor<Flex> {
-    let data = TensorData::new(v, shape).convert_dtype(like.dtype());
-    Flex::float_from_data(data, &like.device())
-}
 
 fn dims(q: &FloatTensor<Flex>, k: &FloatTensor<Flex>) -> Dims {
     let (qs, ks) = (q.shape(), k.shape());
@@ -29,9 +19,8 @@ impl FusedAttentionOps for Flex {
         scale: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let n = dims(&q, &k);
-        let like = q.clone();
-        let (o, lse) = cpu::forward(&host(q), &host(k), &host(v), n, scale as f32);
-        (device_tensor(o, vec![n.b, n.h, n.t, n.d], &like), device_tensor(lse, vec![n.b, n.h, n.t], &like))
+        let (o, lse) = cpu::forward(&floats(&q), &floats(&k), &floats(&v), n, scale as f32);
+        (tensor_like(o, vec![n.b, n.h, n.t, n.d], &q), tensor_like(lse, vec![n.b, n.h, n.t], &q))
     }
 
     fn fused_causal_attention_bwd(
@@ -44,14 +33,21 @@ impl FusedAttentionOps for Flex {
         scale: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let n = dims(&q, &k);
-        let (ql, kl) = (q.clone(), k.clone());
-        let (dq, dk, dv) =
-            cpu::backward(&host(q), &host(k), &host(v), &host(o), &host(lse), &host(d_o), n, scale as f32);
+        let (dq, dk, dv) = cpu::backward(
+            &floats(&q),
+            &floats(&k),
+            &floats(&v),
+            &floats(&o),
+            &floats(&lse),
+            &floats(&d_o),
+            n,
+            scale as f32,
+        );
         let kv_shape = vec![n.b, n.kv, n.t, n.d];
         (
-            device_tensor(dq, vec![n.b, n.h, n.t, n.d], &ql),
-            device_tensor(dk, kv_shape.clone(), &kl),
-            device_tensor(dv, kv_shape, &kl),
+            tensor_like(dq, vec![n.b, n.h, n.t, n.d], &q),
+            tensor_like(dk, kv_shape.clone(), &k),
+            tensor_like(dv, kv_shape, &k),
         )
     }
 

@@ -57,12 +57,6 @@ pub trait FusedAttentionOps: Backend {
     ) -> FloatTensor<Self>;
 }
 
-/// Whether [`causal_attention`] runs on this device: the CPU flex backend (Rust kernel) or a
-/// CubeCL device (wgpu/CUDA kernel), with or without autodiff.
-pub fn supports_fused_attention(device: &Device) -> bool {
-    device.clone().without_autodiff() == Device::flex() || crate::on_cube(device)
-}
-
 /// Causal attention with the fused kernel. `q: [B, H, T, D]`, `k, v: [B, KV, T, D]`.
 pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
     let [_, h, _, d] = q.dims();

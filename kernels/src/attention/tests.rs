@@ -91,7 +91,7 @@ fn results_do_not_depend_on_the_thread_count() {
 #[test]
 fn runs_without_autodiff_and_reports_support() {
     let dev = Device::flex();
-    assert!(supports_fused_attention(&dev) && supports_fused_attention(&dev.clone().autodiff()));
+    assert!(crate::has_kernels(&dev) && crate::has_kernels(&dev.clone().autodiff()));
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
     let (q, k, v) = (
         random([1, 2, 5, 8], &mut rng, &dev),
@@ -100,17 +100,4 @@ fn runs_without_autodiff_and_reports_support() {
     );
     let e = rel_err(&causal_attention(q.clone(), k.clone(), v.clone()), &reference(q, k, v));
     assert!(e <= TOL, "{e}");
-}
-
-#[test]
-fn fast_exp_is_accurate_on_the_softmax_range() {
-    let mut worst = 0f64;
-    for k in 0..=200_000 {
-        let x = -(k as f32) * 100.0 / 200_000.0;
-        let (a, b) = (cpu::exp_for_tests(x) as f64, (x as f64).exp());
-        if b > 1e-30 {
-            worst = worst.max((a - b).abs() / b);
-        }
-    }
-    assert!(worst < 5e-7, "relative error {worst}");
 }

@@ -1,8 +1,8 @@
 //! Launching the kernels of [`super::kernels`] on burn's CubeCL tensors.
 
 use super::kernels as kern;
-use super::CubeKernelOps;
 use crate::attention::FusedAttentionOps;
+use crate::ops::KernelOps;
 use burn::backend::cubecl::dtype_to_storage_type;
 use burn::tensor::Shape;
 use burn_cubecl::kernel::into_contiguous;
@@ -33,7 +33,7 @@ fn rows_cols(t: &CubeTensor) -> (usize, usize) {
     (d.iter().product::<usize>() / cols.max(1), cols)
 }
 
-impl CubeKernelOps for CubeBackend {
+impl KernelOps for CubeBackend {
     fn rms_norm_fwd(x: CubeTensor, w: CubeTensor, eps: f32) -> CubeTensor {
         let (x, w) = (into_contiguous(x), into_contiguous(w));
         let (rows, dim) = rows_cols(&x);

@@ -1,6 +1,6 @@
 //! Backward passes of the CubeCL ops: each forward saves what its backward kernel needs.
 
-use super::CubeKernelOps;
+use super::KernelOps;
 use burn::backend::autodiff::{
     checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
     grads::Gradients,
@@ -13,7 +13,7 @@ use burn::tensor::Shape;
 #[derive(Debug)]
 struct RmsNormBackward;
 
-impl<B: Backend + CubeKernelOps> Backward<B, 2> for RmsNormBackward {
+impl<B: Backend + KernelOps> Backward<B, 2> for RmsNormBackward {
     type State = (FloatTensor<B>, FloatTensor<B>, f32);
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _c: &mut Checkpointer) {
@@ -34,7 +34,7 @@ impl<B: Backend + CubeKernelOps> Backward<B, 2> for RmsNormBackward {
 #[derive(Debug)]
 struct SiluMulBackward;
 
-impl<B: Backend + CubeKernelOps> Backward<B, 2> for SiluMulBackward {
+impl<B: Backend + KernelOps> Backward<B, 2> for SiluMulBackward {
     type State = (FloatTensor<B>, FloatTensor<B>);
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _c: &mut Checkpointer) {
@@ -53,7 +53,7 @@ impl<B: Backend + CubeKernelOps> Backward<B, 2> for SiluMulBackward {
 #[derive(Debug)]
 struct RopeBackward;
 
-impl<B: Backend + CubeKernelOps> Backward<B, 1> for RopeBackward {
+impl<B: Backend + KernelOps> Backward<B, 1> for RopeBackward {
     type State = (FloatTensor<B>, FloatTensor<B>);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _c: &mut Checkpointer) {
@@ -71,7 +71,7 @@ impl<B: Backend + CubeKernelOps> Backward<B, 1> for RopeBackward {
 #[derive(Debug)]
 struct CrossEntropyBackward;
 
-impl<B: Backend + CubeKernelOps> Backward<B, 1> for CrossEntropyBackward {
+impl<B: Backend + KernelOps> Backward<B, 1> for CrossEntropyBackward {
     type State = (FloatTensor<B>, IntTensor<B>, FloatTensor<B>);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _c: &mut Checkpointer) {
@@ -85,7 +85,7 @@ impl<B: Backend + CubeKernelOps> Backward<B, 1> for CrossEntropyBackward {
     }
 }
 
-impl<B: Backend + CubeKernelOps, C: CheckpointStrategy> CubeKernelOps for Autodiff<B, C> {
+impl<B: Backend + KernelOps, C: CheckpointStrategy> KernelOps for Autodiff<B, C> {
     fn rms_norm_fwd(x: FloatTensor<Self>, w: FloatTensor<Self>, eps: f32) -> FloatTensor<Self> {
         Self::from_inner(B::rms_norm_fwd(x.into_primitive(), w.into_primitive(), eps))
     }

@@ -1,0 +1,67 @@
+//! [`KernelOps`] on the CPU: the flex tensors' values go through the kernels of
+//! [`crate::host::rows`] (borrowed, not copied, when contiguous `f32`).
+
+use super::KernelOps;
+use crate::host::{floats, ints, rows, tensor_like};
+use burn::backend::{tensor::FloatTensor, tensor::IntTensor, Flex, TensorMetadata};
+
+fn dims(t: &FloatTensor<Flex>) -> Vec<usize> {
+    t.shape().to_vec()
+}
+
+impl KernelOps for Flex {
+    fn rms_norm_fwd(x: FloatTensor<Self>, w: FloatTensor<Self>, eps: f32) -> FloatTensor<Self> {
+        let y = rows::rms_norm_fwd(&floats(&x), &floats(&w), eps);
+        tensor_like(y, dims(&x), &x)
+    }
+
+    fn rms_norm_bwd(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        eps: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (dx, dw_rows) = rows::rms_norm_bwd(&floats(&x), &floats(&w), &floats(&dy), eps);
+        (tensor_like(dx, dims(&x), &x), tensor_like(dw_rows, dims(&x), &x))
+    }
+
+    fn silu_mul_fwd(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        let y = rows::silu_mul_fwd(&floats(&gate), &floats(&up));
+        tensor_like(y, dims(&gate), &gate)
+    }
+
+    fn silu_mul_bwd(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (dg, du) = rows::silu_mul_bwd(&floats(&gate), &floats(&up), &floats(&dy));
+        (tensor_like(dg, dims(&gate), &gate), tensor_like(du, dims(&gate), &gate))
+    }
+
+    fn rope_fwd(x: FloatTensor<Self>, cos: FloatTensor<Self>, sin: FloatTensor<Self>) -> FloatTensor<Self> {
+        let d = cos.shape()[1];
+        let y = rows::rope_fwd(&floats(&x), &floats(&cos), &floats(&sin), d);
+        tensor_like(y, dims(&x), &x)
+    }
+
+    fn cross_entropy_fwd(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let [rows, vocab] = [logits.shape()[0], logits.shape()[1]];
+        let (loss, lse) = rows::cross_entropy_fwd(&floats(&logits), &ints(&targets), vocab);
+        (tensor_like(loss, vec![rows], &logits), tensor_like(lse, vec![rows], &logits))
+    }
+
+    fn cross_entropy_bwd(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        dloss: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let vocab = logits.shape()[1];
+        let g = rows::cross_entropy_bwd(&floats(&logits), &ints(&targets), &floats(&lse), &floats(&dloss), vocab);
+        tensor_like(g, dims(&logits), &logits)
+    }
+}

@@ -1,0 +1,119 @@
+//! The fused row kernels as one Burn backend extension: RMSNorm, SwiGLU's `silu · mul`,
+//! rotate-half RoPE and the softmax cross-entropy, each with a hand-written backward
+//! ([`autodiff`]). Implemented for the CPU (flex: [`crate::host`], multithreaded Rust) and for
+//! CubeCL devices ([`crate::cube`], with the `wgpu`/`cuda` features).
+
+mod autodiff;
+mod flex;
+
+#[cfg(feature = "cube")]
+use burn::backend::fusion::custom::TensorSpec;
+use burn::backend::{backend_extension, tensor::FloatTensor, tensor::IntTensor, Backend, Dispatch};
+use burn::prelude::*;
+
+#[cfg(feature = "cube")]
+/// The per-row output spec `[rows]` of a `[rows, cols]` input.
+fn row_spec(x: &TensorSpec) -> TensorSpec {
+    TensorSpec::new(Shape::new([x.shape[0]]), x.dtype)
+}
+
+#[backend_extension(Flex, Autodiff, Cube: cfg(feature = "cube"), Fusion: cfg(feature = "cube"))]
+pub trait KernelOps: Backend {
+    /// RMSNorm over the last dim of `x: [rows, dim]` with weight `w: [dim]`.
+    #[fusion(dtype = x, shape = x)]
+    fn rms_norm_fwd(x: FloatTensor<Self>, w: FloatTensor<Self>, eps: f32) -> FloatTensor<Self>;
+
+    /// `(dx, dy · x̂)`; the caller sums the second over rows for `dw`.
+    #[fusion(meta = |x, _w, _dy, _eps| (x.clone(), x.clone()))]
+    fn rms_norm_bwd(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        eps: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// The differentiable RMSNorm.
+    #[fusion(default)]
+    fn rms_norm(x: FloatTensor<Self>, w: FloatTensor<Self>, eps: f32) -> FloatTensor<Self> {
+        Self::rms_norm_fwd(x, w, eps)
+    }
+
+    #[fusion(dtype = gate, shape = gate)]
+    fn silu_mul_fwd(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// `(dgate, dup)`.
+    #[fusion(meta = |g, _u, _dy| (g.clone(), g.clone()))]
+    fn silu_mul_bwd(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// The differentiable `silu(gate) · up`.
+    #[fusion(default)]
+    fn silu_mul(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::silu_mul_fwd(gate, up)
+    }
+
+    /// Rotate-half RoPE of `x: [.., T, D]` with `cos, sin: [T, D]`.
+    #[fusion(dtype = x, shape = x)]
+    fn rope_fwd(x: FloatTensor<Self>, cos: FloatTensor<Self>, sin: FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// The differentiable RoPE (gradient with respect to `x` only: the tables are constants).
+    #[fusion(default)]
+    fn rope(x: FloatTensor<Self>, cos: FloatTensor<Self>, sin: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::rope_fwd(x, cos, sin)
+    }
+
+    /// `(loss per row, log-sum-exp per row)` of `logits: [rows, vocab]`, `targets: [rows]`.
+    #[fusion(meta = |l, _t| (row_spec(l), row_spec(l)))]
+    fn cross_entropy_fwd(logits: FloatTensor<Self>, targets: IntTensor<Self>)
+        -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    #[fusion(dtype = logits, shape = logits)]
+    fn cross_entropy_bwd(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        dloss: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
+
+    /// The differentiable per-row cross-entropy.
+    #[fusion(default)]
+    fn cross_entropy(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
+        Self::cross_entropy_fwd(logits, targets).0
+    }
+}
+
+/// RMSNorm of `x: [B, T, D]`.
+pub fn rms_norm(x: Tensor<3>, w: Tensor<1>, eps: f64) -> Tensor<3> {
+    let [b, t, d] = x.dims();
+    let y: Tensor<2> =
+        Tensor::from_dispatch(Dispatch::rms_norm(x.reshape([b * t, d]).into_dispatch(), w.into_dispatch(), eps as f32));
+    y.reshape([b, t, d])
+}
+
+/// `silu(gate) · up`.
+pub fn silu_mul<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
+    Tensor::from_dispatch(Dispatch::silu_mul(gate.into_dispatch(), up.into_dispatch()))
+}
+
+/// RoPE of `x: [B, H, T, D]` with tables `[1, 1, T, D]`.
+pub fn rope(x: Tensor<4>, cos: Tensor<4>, sin: Tensor<4>) -> Tensor<4> {
+    let [_, _, t, d] = x.dims();
+    let table = |c: Tensor<4>| c.reshape([t, d]).into_dispatch();
+    Tensor::from_dispatch(Dispatch::rope(x.into_dispatch(), table(cos), table(sin)))
+}
+
+/// Cross-entropy summed over positions of `logits: [B, T, V]`, `targets: [B, T]`.
+pub fn cross_entropy_sum(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
+    let [b, t, v] = logits.dims();
+    let rows: Tensor<1> = Tensor::from_dispatch(Dispatch::cross_entropy(
+        logits.reshape([b * t, v]).into_dispatch(),
+        targets.reshape([b * t]).into_dispatch(),
+    ));
+    rows.sum()
+}
+
+#[cfg(test)]
+mod tests;
