@@ -1,19 +1,24 @@
 //! Host kernels of the fused causal attention, on row-major `[B, heads, T, D]` slices.
 //!
-//! Flash-attention style: queries and keys are cut into tiles of [`TILE`] rows; for each query
-//! tile the key tiles up to the diagonal are visited with an online softmax (running maximum and
-//! sum per row), so no more than one `TILE × TILE` block of scores exists at a time — the
+//! Flash-attention style: queries and keys are cut into tiles of [`TILE_Q`] and [`TILE_K`]
+//! rows; for each query tile the key tiles up to the diagonal are visited with an online
+//! softmax (running maximum and sum per row), so no more than one `TILE_Q × TILE_K` block of
+//! scores exists at a time — the
 //! `[T, T]` matrix is never formed, forward or backward. The tile products are GEMMs (`gemm`
 //! crate, see [`super::matmul`]). Work is split by (batch, kv head): each task owns its slices of
 //! every output and runs serially, so results do not depend on the number of threads (bitwise
 //! deterministic).
 
 use super::matmul::{matmul, View};
-use crate::host::math::{dot, exp_nonpositive, sum};
+use crate::host::math::{self, dot, exp_nonpositive, sum};
 use rayon::prelude::*;
 
-/// Rows of a query or key tile.
-pub const TILE: usize = 64;
+/// Rows of a query tile.
+pub const TILE_Q: usize = 64;
+/// Rows of a key tile: the scores of a query tile against one key tile (`TILE_Q × TILE_K`)
+/// are all that exists at a time. Wider key tiles mean fewer, larger GEMM calls (each call has
+/// a fixed cost that dominated at 64 × 64 with head dim 16).
+pub const TILE_K: usize = 256;
 /// Shapes: queries `[b, h, t, d]`, keys/values `[b, kv, t, d]`, `h` a multiple of `kv`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dims {
@@ -57,24 +62,25 @@ pub fn forward(q: &[f32], k: &[f32], v: &[f32], n: Dims, scale: f32) -> (Vec<f32
     o.par_chunks_mut(rep * hs).zip(lse.par_chunks_mut(rep * t)).enumerate().for_each(|(bg, (o, lse))| {
         let kv_off = bg * hs;
         let (kh, vh) = (&k[kv_off..kv_off + hs], &v[kv_off..kv_off + hs]);
-        let mut s = vec![0f32; TILE * TILE];
-        let (mut max, mut total) = ([0f32; TILE], [0f32; TILE]);
+        let mut s = vec![0f32; TILE_Q * TILE_K];
+        let (mut max, mut total) = ([0f32; TILE_Q], [0f32; TILE_Q]);
         for r in 0..rep {
             let q_off = (bg * rep + r) * hs;
-            for i0 in (0..t).step_by(TILE) {
-                let bq = TILE.min(t - i0);
+            for i0 in (0..t).step_by(TILE_Q) {
+                let bq = TILE_Q.min(t - i0);
                 let qi = View::rows(&q[q_off + i0 * d..q_off + (i0 + bq) * d], bq, d);
                 let oi = &mut o[r * hs + i0 * d..r * hs + (i0 + bq) * d];
                 max[..bq].fill(f32::NEG_INFINITY);
                 total[..bq].fill(0.0);
-                for j0 in (0..i0 + bq).step_by(TILE) {
-                    let bk = TILE.min(i0 + bq - j0);
+                for j0 in (0..i0 + bq).step_by(TILE_K) {
+                    let bk = TILE_K.min(i0 + bq - j0);
                     let s = &mut s[..bq * bk];
                     matmul(s, bk, false, qi, View::rows(&kh[j0 * d..(j0 + bk) * d], bk, d).t());
                     for a in 0..bq {
                         let row = &mut s[a * bk..(a + 1) * bk];
                         let seen = visible(i0 + a, j0, bk);
-                        let m = row[..seen].iter().fold(max[a], |m, &x| m.max(x * scale));
+                        // scale > 0, so the largest scaled score is the largest score, scaled.
+                        let m = max[a].max(math::max(&row[..seen]) * scale);
                         probabilities(row, seen, scale, m);
                         let correction = exp_nonpositive(max[a] - m);
                         total[a] = total[a] * correction + sum(row);
@@ -115,13 +121,13 @@ pub fn backward(
         |(bg, (dq, (dk, dv)))| {
             let kv_off = bg * hs;
             let (kh, vh) = (&k[kv_off..kv_off + hs], &v[kv_off..kv_off + hs]);
-            let (mut p, mut ds) = (vec![0f32; TILE * TILE], vec![0f32; TILE * TILE]);
-            let mut delta = [0f32; TILE];
+            let (mut p, mut ds) = (vec![0f32; TILE_Q * TILE_K], vec![0f32; TILE_Q * TILE_K]);
+            let mut delta = [0f32; TILE_Q];
             for r in 0..rep {
                 let head = bg * rep + r;
                 let (q_off, l_off) = (head * hs, head * t);
-                for i0 in (0..t).step_by(TILE) {
-                    let bq = TILE.min(t - i0);
+                for i0 in (0..t).step_by(TILE_Q) {
+                    let bq = TILE_Q.min(t - i0);
                     let rows = q_off + i0 * d..q_off + (i0 + bq) * d;
                     let (qi, doi) = (View::rows(&q[rows.clone()], bq, d), View::rows(&d_o[rows.clone()], bq, d));
                     for (a, di) in delta[..bq].iter_mut().enumerate() {
@@ -129,8 +135,8 @@ pub fn backward(
                         *di = dot(&d_o[row.clone()], &o[row]);
                     }
                     let dqi = &mut dq[r * hs + i0 * d..r * hs + (i0 + bq) * d];
-                    for j0 in (0..i0 + bq).step_by(TILE) {
-                        let bk = TILE.min(i0 + bq - j0);
+                    for j0 in (0..i0 + bq).step_by(TILE_K) {
+                        let bk = TILE_K.min(i0 + bq - j0);
                         let (p, ds) = (&mut p[..bq * bk], &mut ds[..bq * bk]);
                         let (kj, vj) = (&kh[j0 * d..(j0 + bk) * d], &vh[j0 * d..(j0 + bk) * d]);
                         matmul(p, bk, false, qi, View::rows(kj, bk, d).t());

@@ -32,8 +32,9 @@ fn reference(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
     attention(q, rep(k), rep(v), None, None, AttentionModuleOptions { is_causal: true, ..Default::default() })
 }
 
-/// Shapes: T below, equal to and above the tile (`cpu::TILE` = 64) and not a multiple of it
-/// (150 = 64 + 64 + 22, 129 = 2·64 + 1), GQA, T = 1, D not a multiple of 8.
+/// Shapes: T below, equal to and above the tiles (`cpu::TILE_Q` = 64 query rows, `cpu::TILE_K`
+/// = 256 key rows) and not a multiple of them (150 = 2·64 + 22, 129 = 2·64 + 1, 300 = 256 + 44:
+/// two key tiles), GQA, T = 1, D not a multiple of 8.
 const SHAPES: &[(usize, usize, usize, usize, usize)] = &[
     (2, 4, 2, 37, 16),
     (1, 2, 2, 1, 8),
@@ -42,6 +43,7 @@ const SHAPES: &[(usize, usize, usize, usize, usize)] = &[
     (3, 8, 1, 9, 4),
     (1, 4, 2, 150, 16),
     (2, 2, 1, 129, 8),
+    (1, 4, 2, 300, 16),
 ];
 
 /// f32 tolerance: relative to the largest value, as in the issue (≤ 1e-5).

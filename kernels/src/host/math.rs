@@ -33,6 +33,21 @@ pub fn sum(a: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + r.iter().sum::<f32>()
 }
 
+/// `max a` (−∞ for an empty slice) with 16 independent lanes, so it vectorises (a plain fold
+/// of `f32::max` is a serial chain).
+#[inline]
+pub fn max(a: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 16];
+    let c = a.chunks_exact(16);
+    let r = c.remainder();
+    for x in c {
+        for l in 0..16 {
+            acc[l] = acc[l].max(x[l]);
+        }
+    }
+    acc.iter().chain(r).fold(f32::NEG_INFINITY, |m, &x| m.max(x))
+}
+
 /// `e^x` for `x <= 0` to ~1e-7 relative (Cephes' expf polynomial), branch-free so the loop
 /// over a row vectorises; libm's `expf` per element was a third of the kernel's time.
 #[inline]

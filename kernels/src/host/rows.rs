@@ -3,7 +3,7 @@
 //! elementary op). Rows are split across rayon's threads; every row is computed by one thread
 //! in a fixed order, so results do not depend on the thread count.
 
-use super::math::{dot, exp_nonpositive, sigmoid, sum};
+use super::math::{dot, exp_nonpositive, max, sigmoid, sum};
 use rayon::prelude::*;
 
 /// Elements per parallel task of the element-wise kernels.
@@ -119,7 +119,7 @@ pub fn cross_entropy_fwd(logits: &[f32], targets: &[i64], vocab: usize) -> (Vec<
         for (i, (loss, lse)) in loss.iter_mut().zip(lse.iter_mut()).enumerate() {
             let row = task * per + i;
             let x = &logits[row * vocab..(row + 1) * vocab];
-            let m = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let m = max(x);
             for (e, &v) in e.iter_mut().zip(x) {
                 *e = exp_nonpositive(v - m);
             }
