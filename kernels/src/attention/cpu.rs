@@ -10,7 +10,7 @@
 //! deterministic).
 
 use super::matmul::{matmul, View};
-use crate::host::math::{self, dot, exp_nonpositive, sum};
+use crate::host::math::{self, dot, exp_nonpositive, simd, sum};
 use rayon::prelude::*;
 
 /// Rows of a query tile.
@@ -60,42 +60,47 @@ pub fn forward(q: &[f32], k: &[f32], v: &[f32], n: Dims, scale: f32) -> (Vec<f32
     let mut o = vec![0f32; n.b * n.h * hs];
     let mut lse = vec![0f32; n.b * n.h * t];
     o.par_chunks_mut(rep * hs).zip(lse.par_chunks_mut(rep * t)).enumerate().for_each(|(bg, (o, lse))| {
-        let kv_off = bg * hs;
-        let (kh, vh) = (&k[kv_off..kv_off + hs], &v[kv_off..kv_off + hs]);
-        let mut s = vec![0f32; TILE_Q * TILE_K];
-        let (mut max, mut total) = ([0f32; TILE_Q], [0f32; TILE_Q]);
-        for r in 0..rep {
-            let q_off = (bg * rep + r) * hs;
-            for i0 in (0..t).step_by(TILE_Q) {
-                let bq = TILE_Q.min(t - i0);
-                let qi = View::rows(&q[q_off + i0 * d..q_off + (i0 + bq) * d], bq, d);
-                let oi = &mut o[r * hs + i0 * d..r * hs + (i0 + bq) * d];
-                max[..bq].fill(f32::NEG_INFINITY);
-                total[..bq].fill(0.0);
-                for j0 in (0..i0 + bq).step_by(TILE_K) {
-                    let bk = TILE_K.min(i0 + bq - j0);
-                    let s = &mut s[..bq * bk];
-                    matmul(s, bk, false, qi, View::rows(&kh[j0 * d..(j0 + bk) * d], bk, d).t());
-                    for a in 0..bq {
-                        let row = &mut s[a * bk..(a + 1) * bk];
-                        let seen = visible(i0 + a, j0, bk);
-                        // scale > 0, so the largest scaled score is the largest score, scaled.
-                        let m = max[a].max(math::max(&row[..seen]) * scale);
-                        probabilities(row, seen, scale, m);
-                        let correction = exp_nonpositive(max[a] - m);
-                        total[a] = total[a] * correction + sum(row);
-                        max[a] = m;
-                        oi[a * d..(a + 1) * d].iter_mut().for_each(|x| *x *= correction);
+        simd(
+            #[inline(always)]
+            || {
+                let kv_off = bg * hs;
+                let (kh, vh) = (&k[kv_off..kv_off + hs], &v[kv_off..kv_off + hs]);
+                let mut s = vec![0f32; TILE_Q * TILE_K];
+                let (mut max, mut total) = ([0f32; TILE_Q], [0f32; TILE_Q]);
+                for r in 0..rep {
+                    let q_off = (bg * rep + r) * hs;
+                    for i0 in (0..t).step_by(TILE_Q) {
+                        let bq = TILE_Q.min(t - i0);
+                        let qi = View::rows(&q[q_off + i0 * d..q_off + (i0 + bq) * d], bq, d);
+                        let oi = &mut o[r * hs + i0 * d..r * hs + (i0 + bq) * d];
+                        max[..bq].fill(f32::NEG_INFINITY);
+                        total[..bq].fill(0.0);
+                        for j0 in (0..i0 + bq).step_by(TILE_K) {
+                            let bk = TILE_K.min(i0 + bq - j0);
+                            let s = &mut s[..bq * bk];
+                            matmul(s, bk, false, qi, View::rows(&kh[j0 * d..(j0 + bk) * d], bk, d).t());
+                            for a in 0..bq {
+                                let row = &mut s[a * bk..(a + 1) * bk];
+                                let seen = visible(i0 + a, j0, bk);
+                                // scale > 0, so the largest scaled score is the largest score, scaled.
+                                let m = max[a].max(math::max(&row[..seen]) * scale);
+                                probabilities(row, seen, scale, m);
+                                let correction = exp_nonpositive(max[a] - m);
+                                total[a] = total[a] * correction + sum(row);
+                                max[a] = m;
+                                oi[a * d..(a + 1) * d].iter_mut().for_each(|x| *x *= correction);
+                            }
+                            matmul(oi, d, true, View::rows(s, bq, bk), View::rows(&vh[j0 * d..(j0 + bk) * d], bk, d));
+                        }
+                        for a in 0..bq {
+                            let inv = 1.0 / total[a];
+                            oi[a * d..(a + 1) * d].iter_mut().for_each(|x| *x *= inv);
+                            lse[r * t + i0 + a] = max[a] + total[a].ln();
+                        }
                     }
-                    matmul(oi, d, true, View::rows(s, bq, bk), View::rows(&vh[j0 * d..(j0 + bk) * d], bk, d));
                 }
-                for a in 0..bq {
-                    let inv = 1.0 / total[a];
-                    oi[a * d..(a + 1) * d].iter_mut().for_each(|x| *x *= inv);
-                    lse[r * t + i0 + a] = max[a] + total[a].ln();
-                }
-            }
-        }
+            },
+        )
     });
     (o, lse)
 }
@@ -119,42 +124,53 @@ pub fn backward(
     let mut dv = vec![0f32; v.len()];
     dq.par_chunks_mut(rep * hs).zip(dk.par_chunks_mut(hs).zip(dv.par_chunks_mut(hs))).enumerate().for_each(
         |(bg, (dq, (dk, dv)))| {
-            let kv_off = bg * hs;
-            let (kh, vh) = (&k[kv_off..kv_off + hs], &v[kv_off..kv_off + hs]);
-            let (mut p, mut ds) = (vec![0f32; TILE_Q * TILE_K], vec![0f32; TILE_Q * TILE_K]);
-            let mut delta = [0f32; TILE_Q];
-            for r in 0..rep {
-                let head = bg * rep + r;
-                let (q_off, l_off) = (head * hs, head * t);
-                for i0 in (0..t).step_by(TILE_Q) {
-                    let bq = TILE_Q.min(t - i0);
-                    let rows = q_off + i0 * d..q_off + (i0 + bq) * d;
-                    let (qi, doi) = (View::rows(&q[rows.clone()], bq, d), View::rows(&d_o[rows.clone()], bq, d));
-                    for (a, di) in delta[..bq].iter_mut().enumerate() {
-                        let row = rows.start + a * d..rows.start + (a + 1) * d;
-                        *di = dot(&d_o[row.clone()], &o[row]);
-                    }
-                    let dqi = &mut dq[r * hs + i0 * d..r * hs + (i0 + bq) * d];
-                    for j0 in (0..i0 + bq).step_by(TILE_K) {
-                        let bk = TILE_K.min(i0 + bq - j0);
-                        let (p, ds) = (&mut p[..bq * bk], &mut ds[..bq * bk]);
-                        let (kj, vj) = (&kh[j0 * d..(j0 + bk) * d], &vh[j0 * d..(j0 + bk) * d]);
-                        matmul(p, bk, false, qi, View::rows(kj, bk, d).t());
-                        matmul(ds, bk, false, doi, View::rows(vj, bk, d).t());
-                        for a in 0..bq {
-                            let row = a * bk..(a + 1) * bk;
-                            probabilities(&mut p[row.clone()], visible(i0 + a, j0, bk), scale, lse[l_off + i0 + a]);
-                            for (g, &pj) in ds[row.clone()].iter_mut().zip(&p[row]) {
-                                *g = pj * (*g - delta[a]) * scale;
+            simd(
+                #[inline(always)]
+                || {
+                    let kv_off = bg * hs;
+                    let (kh, vh) = (&k[kv_off..kv_off + hs], &v[kv_off..kv_off + hs]);
+                    let (mut p, mut ds) = (vec![0f32; TILE_Q * TILE_K], vec![0f32; TILE_Q * TILE_K]);
+                    let mut delta = [0f32; TILE_Q];
+                    for r in 0..rep {
+                        let head = bg * rep + r;
+                        let (q_off, l_off) = (head * hs, head * t);
+                        for i0 in (0..t).step_by(TILE_Q) {
+                            let bq = TILE_Q.min(t - i0);
+                            let rows = q_off + i0 * d..q_off + (i0 + bq) * d;
+                            let (qi, doi) =
+                                (View::rows(&q[rows.clone()], bq, d), View::rows(&d_o[rows.clone()], bq, d));
+                            for (a, di) in delta[..bq].iter_mut().enumerate() {
+                                let row = rows.start + a * d..rows.start + (a + 1) * d;
+                                *di = dot(&d_o[row.clone()], &o[row]);
+                            }
+                            let dqi = &mut dq[r * hs + i0 * d..r * hs + (i0 + bq) * d];
+                            for j0 in (0..i0 + bq).step_by(TILE_K) {
+                                let bk = TILE_K.min(i0 + bq - j0);
+                                let (p, ds) = (&mut p[..bq * bk], &mut ds[..bq * bk]);
+                                let (kj, vj) = (&kh[j0 * d..(j0 + bk) * d], &vh[j0 * d..(j0 + bk) * d]);
+                                matmul(p, bk, false, qi, View::rows(kj, bk, d).t());
+                                matmul(ds, bk, false, doi, View::rows(vj, bk, d).t());
+                                for a in 0..bq {
+                                    let row = a * bk..(a + 1) * bk;
+                                    probabilities(
+                                        &mut p[row.clone()],
+                                        visible(i0 + a, j0, bk),
+                                        scale,
+                                        lse[l_off + i0 + a],
+                                    );
+                                    for (g, &pj) in ds[row.clone()].iter_mut().zip(&p[row]) {
+                                        *g = pj * (*g - delta[a]) * scale;
+                                    }
+                                }
+                                let (p, ds) = (View::rows(p, bq, bk), View::rows(ds, bq, bk));
+                                matmul(&mut dv[j0 * d..(j0 + bk) * d], d, true, p.t(), doi);
+                                matmul(dqi, d, true, ds, View::rows(kj, bk, d));
+                                matmul(&mut dk[j0 * d..(j0 + bk) * d], d, true, ds.t(), qi);
                             }
                         }
-                        let (p, ds) = (View::rows(p, bq, bk), View::rows(ds, bq, bk));
-                        matmul(&mut dv[j0 * d..(j0 + bk) * d], d, true, p.t(), doi);
-                        matmul(dqi, d, true, ds, View::rows(kj, bk, d));
-                        matmul(&mut dk[j0 * d..(j0 + bk) * d], d, true, ds.t(), qi);
                     }
-                }
-            }
+                },
+            )
         },
     );
     (dq, dk, dv)

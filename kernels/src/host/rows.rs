@@ -3,7 +3,7 @@
 //! elementary op). Rows are split across rayon's threads; every row is computed by one thread
 //! in a fixed order, so results do not depend on the thread count.
 
-use super::math::{dot, exp_nonpositive, max, sigmoid, sum};
+use super::math::{dot, exp_nonpositive, max, sigmoid, simd, sum};
 use rayon::prelude::*;
 
 /// Elements per parallel task of the element-wise kernels.
@@ -26,12 +26,17 @@ pub fn rms_norm_fwd(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
     let mut y = vec![0f32; x.len()];
     let per = rows_per_task(d);
     y.par_chunks_mut(per * d).zip(x.par_chunks(per * d)).for_each(|(y, x)| {
-        for (y, x) in y.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
-            let r = inv_rms(x, eps);
-            for ((y, &x), &w) in y.iter_mut().zip(x).zip(w) {
-                *y = x * r * w;
-            }
-        }
+        simd(
+            #[inline(always)]
+            || {
+                for (y, x) in y.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
+                    let r = inv_rms(x, eps);
+                    for ((y, &x), &w) in y.iter_mut().zip(x).zip(w) {
+                        *y = x * r * w;
+                    }
+                }
+            },
+        )
     });
     y
 }
@@ -44,19 +49,26 @@ pub fn rms_norm_bwd(x: &[f32], w: &[f32], dy: &[f32], eps: f32) -> (Vec<f32>, Ve
     let per = rows_per_task(d) * d;
     dx.par_chunks_mut(per).zip(dw_rows.par_chunks_mut(per)).zip(x.par_chunks(per).zip(dy.par_chunks(per))).for_each(
         |((dx, dw), (x, dy))| {
-            for ((dx, dw), (x, dy)) in
-                dx.chunks_exact_mut(d).zip(dw.chunks_exact_mut(d)).zip(x.chunks_exact(d).zip(dy.chunks_exact(d)))
-            {
-                let r = inv_rms(x, eps);
-                for ((dw, &x), &dy) in dw.iter_mut().zip(x).zip(dy) {
-                    *dw = dy * x * r;
-                }
-                // Σ g ∘ x̂ = Σ w ∘ (dy ∘ x̂).
-                let mean = dot(dw, w) / d as f32;
-                for (((dx, &x), &dy), &w) in dx.iter_mut().zip(x).zip(dy).zip(w) {
-                    *dx = r * (dy * w - x * r * mean);
-                }
-            }
+            simd(
+                #[inline(always)]
+                || {
+                    for ((dx, dw), (x, dy)) in dx
+                        .chunks_exact_mut(d)
+                        .zip(dw.chunks_exact_mut(d))
+                        .zip(x.chunks_exact(d).zip(dy.chunks_exact(d)))
+                    {
+                        let r = inv_rms(x, eps);
+                        for ((dw, &x), &dy) in dw.iter_mut().zip(x).zip(dy) {
+                            *dw = dy * x * r;
+                        }
+                        // Σ g ∘ x̂ = Σ w ∘ (dy ∘ x̂).
+                        let mean = dot(dw, w) / d as f32;
+                        for (((dx, &x), &dy), &w) in dx.iter_mut().zip(x).zip(dy).zip(w) {
+                            *dx = r * (dy * w - x * r * mean);
+                        }
+                    }
+                },
+            )
         },
     );
     (dx, dw_rows)
@@ -66,9 +78,14 @@ pub fn rms_norm_bwd(x: &[f32], w: &[f32], dy: &[f32], eps: f32) -> (Vec<f32>, Ve
 pub fn silu_mul_fwd(g: &[f32], u: &[f32]) -> Vec<f32> {
     let mut y = vec![0f32; g.len()];
     y.par_chunks_mut(CHUNK).zip(g.par_chunks(CHUNK).zip(u.par_chunks(CHUNK))).for_each(|(y, (g, u))| {
-        for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
-            *y = g * sigmoid(g) * u;
-        }
+        simd(
+            #[inline(always)]
+            || {
+                for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
+                    *y = g * sigmoid(g) * u;
+                }
+            },
+        )
     });
     y
 }
@@ -80,11 +97,16 @@ pub fn silu_mul_bwd(g: &[f32], u: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
         .zip(du.par_chunks_mut(CHUNK))
         .zip(g.par_chunks(CHUNK).zip(u.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK))))
         .for_each(|((dg, du), (g, (u, dy)))| {
-            for ((dg, du), ((&g, &u), &dy)) in dg.iter_mut().zip(du.iter_mut()).zip(g.iter().zip(u).zip(dy)) {
-                let s = sigmoid(g);
-                *du = dy * g * s;
-                *dg = dy * u * s * (1.0 + g * (1.0 - s));
-            }
+            simd(
+                #[inline(always)]
+                || {
+                    for ((dg, du), ((&g, &u), &dy)) in dg.iter_mut().zip(du.iter_mut()).zip(g.iter().zip(u).zip(dy)) {
+                        let s = sigmoid(g);
+                        *du = dy * g * s;
+                        *dg = dy * u * s * (1.0 + g * (1.0 - s));
+                    }
+                },
+            )
         });
     (dg, du)
 }
@@ -95,16 +117,21 @@ pub fn rope_fwd(x: &[f32], cos: &[f32], sin: &[f32], d: usize) -> Vec<f32> {
     let (td, half) = (cos.len(), d / 2);
     let mut y = vec![0f32; x.len()];
     y.par_chunks_mut(td).zip(x.par_chunks(td)).for_each(|(y, x)| {
-        for (((y, x), c), s) in
-            y.chunks_exact_mut(d).zip(x.chunks_exact(d)).zip(cos.chunks_exact(d)).zip(sin.chunks_exact(d))
-        {
-            let (x1, x2) = x.split_at(half);
-            let (y1, y2) = y.split_at_mut(half);
-            for i in 0..half {
-                y1[i] = x1[i] * c[i] - x2[i] * s[i];
-                y2[i] = x2[i] * c[half + i] + x1[i] * s[half + i];
-            }
-        }
+        simd(
+            #[inline(always)]
+            || {
+                for (((y, x), c), s) in
+                    y.chunks_exact_mut(d).zip(x.chunks_exact(d)).zip(cos.chunks_exact(d)).zip(sin.chunks_exact(d))
+                {
+                    let (x1, x2) = x.split_at(half);
+                    let (y1, y2) = y.split_at_mut(half);
+                    for i in 0..half {
+                        y1[i] = x1[i] * c[i] - x2[i] * s[i];
+                        y2[i] = x2[i] * c[half + i] + x1[i] * s[half + i];
+                    }
+                }
+            },
+        )
     });
     y
 }
@@ -115,17 +142,22 @@ pub fn cross_entropy_fwd(logits: &[f32], targets: &[i64], vocab: usize) -> (Vec<
     let (mut loss, mut lse) = (vec![0f32; rows], vec![0f32; rows]);
     let per = rows_per_task(vocab);
     loss.par_chunks_mut(per).zip(lse.par_chunks_mut(per)).enumerate().for_each(|(task, (loss, lse))| {
-        let mut e = vec![0f32; vocab];
-        for (i, (loss, lse)) in loss.iter_mut().zip(lse.iter_mut()).enumerate() {
-            let row = task * per + i;
-            let x = &logits[row * vocab..(row + 1) * vocab];
-            let m = max(x);
-            for (e, &v) in e.iter_mut().zip(x) {
-                *e = exp_nonpositive(v - m);
-            }
-            *lse = m + sum(&e).ln();
-            *loss = *lse - x[targets[row] as usize];
-        }
+        simd(
+            #[inline(always)]
+            || {
+                let mut e = vec![0f32; vocab];
+                for (i, (loss, lse)) in loss.iter_mut().zip(lse.iter_mut()).enumerate() {
+                    let row = task * per + i;
+                    let x = &logits[row * vocab..(row + 1) * vocab];
+                    let m = max(x);
+                    for (e, &v) in e.iter_mut().zip(x) {
+                        *e = exp_nonpositive(v - m);
+                    }
+                    *lse = m + sum(&e).ln();
+                    *loss = *lse - x[targets[row] as usize];
+                }
+            },
+        )
     });
     (loss, lse)
 }
@@ -136,14 +168,19 @@ pub fn cross_entropy_bwd(logits: &[f32], targets: &[i64], lse: &[f32], dloss: &[
     let mut g = vec![0f32; logits.len()];
     let per = rows_per_task(vocab);
     g.par_chunks_mut(per * vocab).enumerate().for_each(|(task, g)| {
-        for (i, g) in g.chunks_exact_mut(vocab).enumerate() {
-            let row = task * per + i;
-            let (x, l, dl) = (&logits[row * vocab..(row + 1) * vocab], lse[row], dloss[row]);
-            for (g, &v) in g.iter_mut().zip(x) {
-                *g = exp_nonpositive(v - l) * dl;
-            }
-            g[targets[row] as usize] -= dl;
-        }
+        simd(
+            #[inline(always)]
+            || {
+                for (i, g) in g.chunks_exact_mut(vocab).enumerate() {
+                    let row = task * per + i;
+                    let (x, l, dl) = (&logits[row * vocab..(row + 1) * vocab], lse[row], dloss[row]);
+                    for (g, &v) in g.iter_mut().zip(x) {
+                        *g = exp_nonpositive(v - l) * dl;
+                    }
+                    g[targets[row] as usize] -= dl;
+                }
+            },
+        )
     });
     g
 }
