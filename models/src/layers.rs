@@ -21,9 +21,18 @@ impl Linear {
 
     /// Computes in `x`'s float type: under mixed precision the (float32 master) weight is cast
     /// to it, and the cast's backward returns a float32 gradient.
+    ///
+    /// The leading dims are folded into the rows first, so the product (and the weight gradient
+    /// `xᵀ · dy` in backward) is one `[rows, d_in] · [d_in, d_out]` GEMM rather than a batched
+    /// matmul over a broadcast weight.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let w = self.weight.val().cast(x.dtype());
-        burn::tensor::module::linear(x, w, None)
+        let mut dims = x.dims();
+        let d_in = dims[D - 1];
+        let rows = dims[..D - 1].iter().product::<usize>();
+        let y = burn::tensor::module::linear(x.reshape([rows, d_in]), w, None);
+        dims[D - 1] = y.dims()[1];
+        y.reshape(dims)
     }
 }
 
