@@ -55,7 +55,9 @@ pub fn exp_nonpositive(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const ROUND: f32 = 12_582_912.0; // 1.5 · 2^23: adding it rounds to an integer
     let x = x.max(-87.0);
-    let n = (x * LOG2E + ROUND) - ROUND; // round(x · log2e), as a float
+    // z = ROUND + round(x · log2e): its low mantissa bits hold n = round(x · log2e).
+    let z = x * LOG2E + ROUND;
+    let n = z - ROUND;
     let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
     let mut p = 1.987_569_1e-4f32;
     p = p * r + 1.398_199_9e-3;
@@ -64,9 +66,7 @@ pub fn exp_nonpositive(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 5.000_000_1e-1;
     let y = p * r * r + r + 1.0;
-    // 2ⁿ from the bits of `x·log2e + ROUND`, whose low mantissa bits hold n (no float → int
-    // conversion, whose saturation does not vectorise).
-    let z = x * LOG2E + ROUND;
+    // 2ⁿ from z's bits (no float → int conversion, whose saturation does not vectorise).
     let pow2n = f32::from_bits(z.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127) << 23);
     pow2n * y
 }

@@ -101,6 +101,7 @@ pub fn silu_mul<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
 /// RoPE of `x: [B, H, T, D]` with tables `[1, 1, T, D]`.
 pub fn rope(x: Tensor<4>, cos: Tensor<4>, sin: Tensor<4>) -> Tensor<4> {
     let [_, _, t, d] = x.dims();
+    assert!(d % 2 == 0, "rotate-half RoPE needs an even head dim, got {d}");
     let table = |c: Tensor<4>| c.reshape([t, d]).into_dispatch();
     Tensor::from_dispatch(Dispatch::rope(x.into_dispatch(), table(cos), table(sin)))
 }
