@@ -8,7 +8,8 @@
 //!   devices a `#[cube]` kernel.
 //! * [`ops`]: RMSNorm, SwiGLU's `silu · mul`, RoPE and the fused softmax cross-entropy, one
 //!   pass per forward and per backward: on the CPU Rust kernels ([`host`]), on CubeCL devices
-//!   (features `wgpu` / `cuda`) `#[cube]` kernels.
+//!   (features `wgpu` / `cuda`) `#[cube]` kernels. Also the linear layer, whose CPU products are
+//!   split over the threads by output panels ([`host::gemm`]).
 //!
 //! Each routing function below takes `fused`: `false` forces the reference path.
 
@@ -63,6 +64,16 @@ pub fn rope(x: Tensor<4>, cos: Tensor<4>, sin: Tensor<4>, fused: bool) -> Tensor
         return ops::rope(x, cos, sin);
     }
     reference::rope(x, cos, sin)
+}
+
+/// `x · w` (`x: [rows, d_in]`, `w: [d_in, d_out]`): on the CPU the three products of forward
+/// and backward are split into one panel per thread ([`host::gemm::par_product`]); on CubeCL
+/// devices, and with `fused = false`, Burn's matmul.
+pub fn linear(x: Tensor<2>, w: Tensor<2>, fused: bool) -> Tensor<2> {
+    if fused && has_kernels(&x.device()) && !on_cube(&x.device()) {
+        return ops::linear(x, w);
+    }
+    x.matmul(w)
 }
 
 /// Cross-entropy summed over positions (`logits: [B, T, V]`, `targets: [B, T]`).

@@ -11,12 +11,15 @@ use burn::prelude::*;
 #[derive(Module, Debug)]
 pub struct Linear {
     pub weight: Param<Tensor<2>>,
+    /// Use the kernels' linear (on the CPU: products split by output panels) where the device
+    /// has it.
+    pub fused: bool,
 }
 
 impl Linear {
     pub fn new(seed: u64, path: &str, d_in: usize, d_out: usize, std: f64, device: &Device) -> Self {
         let path = format!("{path}.weight");
-        Self { weight: lazy_param(seed, &path, [d_in, d_out], Init::TruncNormal { std }, device) }
+        Self { weight: lazy_param(seed, &path, [d_in, d_out], Init::TruncNormal { std }, device), fused: true }
     }
 
     /// Computes in `x`'s float type: under mixed precision the (float32 master) weight is cast
@@ -30,7 +33,7 @@ impl Linear {
         let mut dims = x.dims();
         let d_in = dims[D - 1];
         let rows = dims[..D - 1].iter().product::<usize>();
-        let y = burn::tensor::module::linear(x.reshape([rows, d_in]), w, None);
+        let y = titan_kernels::linear(x.reshape([rows, d_in]), w, self.fused);
         dims[D - 1] = y.dims()[1];
         y.reshape(dims)
     }

@@ -186,17 +186,24 @@ impl Transformer {
         self
     }
 
-    /// Chooses the fused RMSNorm, SwiGLU and RoPE kernels where the device has them (default)
-    /// or Burn's composed ops.
+    /// Chooses the fused RMSNorm, SwiGLU, RoPE and linear kernels where the device has them
+    /// (default) or Burn's composed ops.
     pub fn with_fused_kernels(mut self, fused: bool) -> Self {
         self.fused_kernels = fused;
         for l in &mut self.layers {
             l.attention_norm.fused = fused;
             l.ffn_norm.fused = fused;
-            l.feed_forward.fused = fused;
+            let (a, f) = (&mut l.attention, &mut l.feed_forward);
+            f.fused = fused;
+            for linear in [&mut a.wq, &mut a.wk, &mut a.wv, &mut a.wo, &mut f.w1, &mut f.w2, &mut f.w3] {
+                linear.fused = fused;
+            }
         }
         if let Some(n) = &mut self.norm {
             n.fused = fused;
+        }
+        if let Some(o) = &mut self.output {
+            o.fused = fused;
         }
         self
     }

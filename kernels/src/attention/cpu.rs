@@ -5,11 +5,11 @@
 //! softmax (running maximum and sum per row), so no more than one `TILE_Q × TILE_K` block of
 //! scores exists at a time — the
 //! `[T, T]` matrix is never formed, forward or backward. The tile products are GEMMs (`gemm`
-//! crate, see [`super::matmul`]). Work is split by (batch, kv head): each task owns its slices of
+//! crate, see [`crate::host::gemm`]). Work is split by (batch, kv head): each task owns its slices of
 //! every output and runs serially, so results do not depend on the number of threads (bitwise
 //! deterministic).
 
-use super::matmul::{matmul, View};
+use crate::host::gemm::{matmul, View};
 use crate::host::math::{self, dot, exp_nonpositive, simd, sum};
 use rayon::prelude::*;
 

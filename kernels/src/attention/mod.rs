@@ -9,7 +9,6 @@
 mod autodiff;
 pub mod cpu;
 mod flex;
-mod matmul;
 
 use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch};
 use burn::prelude::*;

@@ -2,6 +2,7 @@
 //! ([`math`]), and moving flex tensors in and out of `f32` slices without copies where the
 //! tensor is already contiguous `f32`.
 
+pub mod gemm;
 pub mod math;
 pub mod rows;
 

@@ -1,4 +1,4 @@
-//! Backward passes of the CubeCL ops: each forward saves what its backward kernel needs.
+//! Backward passes of the fused ops: each forward saves what its backward kernel needs.
 
 use super::KernelOps;
 use burn::backend::autodiff::{
@@ -81,6 +81,26 @@ impl<B: Backend + KernelOps> Backward<B, 1> for CrossEntropyBackward {
         let dlogits = B::cross_entropy_bwd(logits, targets, lse, dloss);
         if let Some(node) = node_logits {
             grads.register::<B>(node.id, dlogits);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct LinearBackward;
+
+impl<B: Backend + KernelOps> Backward<B, 2> for LinearBackward {
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _c: &mut Checkpointer) {
+        let [node_x, node_w] = ops.parents;
+        let dy = grads.consume::<B>(&ops.node);
+        let (x, w) = ops.state;
+        // dx = dy · wᵀ, dw = xᵀ · dy; the transposes are views, the products read them strided.
+        if let Some(node) = node_w {
+            grads.register::<B>(node.id, B::matmul(B::float_transpose(x), dy.clone()));
+        }
+        if let Some(node) = node_x {
+            grads.register::<B>(node.id, B::matmul(dy, B::float_transpose(w)));
         }
     }
 }
@@ -172,6 +192,20 @@ impl<B: Backend + KernelOps, C: CheckpointStrategy> KernelOps for Autodiff<B, C>
         match CrossEntropyBackward.prepare::<C>(guards).compute_bound().stateful() {
             OpsKind::Tracked(prep) => prep.finish((logits, targets, lse), loss),
             OpsKind::UnTracked(prep) => prep.finish(loss),
+        }
+    }
+
+    fn matmul(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::from_inner(B::matmul(a.into_primitive(), b.into_primitive()))
+    }
+
+    fn linear(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
+        let guards = [x.node(), w.node()];
+        let (x, w) = (x.into_primitive(), w.into_primitive());
+        let y = B::matmul(x.clone(), w.clone());
+        match LinearBackward.prepare::<C>(guards).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish((x, w), y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
         }
     }
 }

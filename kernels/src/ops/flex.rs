@@ -2,8 +2,11 @@
 //! [`crate::host::rows`] (borrowed, not copied, when contiguous `f32`).
 
 use super::KernelOps;
+use crate::host::gemm::{par_product, View};
 use crate::host::{floats, ints, rows, tensor_like};
+use burn::backend::ops::FloatTensorOps;
 use burn::backend::{tensor::FloatTensor, tensor::IntTensor, Flex, TensorMetadata};
+use burn::tensor::DType;
 
 fn dims(t: &FloatTensor<Flex>) -> Vec<usize> {
     t.shape().to_vec()
@@ -64,4 +67,24 @@ impl KernelOps for Flex {
         let g = rows::cross_entropy_bwd(&floats(&logits), &ints(&targets), &floats(&lse), &floats(&dloss), vocab);
         tensor_like(g, dims(&logits), &logits)
     }
+
+    fn matmul(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (Some(av), Some(bv)) = (view(&a), view(&b)) else {
+            return Flex::float_matmul(a, b);
+        };
+        let (m, n) = (av.dims().0, bv.dims().1);
+        tensor_like(par_product(av, bv), vec![m, n], &a)
+    }
+}
+
+/// A 2-D `f32` flex tensor as a strided view of its storage (transposes and slices included);
+/// `None` for other dtypes, ranks or negative strides (flipped views).
+fn view(t: &FloatTensor<Flex>) -> Option<View<'_>> {
+    let layout = t.layout();
+    let (shape, strides) = (layout.shape(), layout.strides());
+    if t.dtype() != DType::F32 || shape.num_dims() != 2 || strides.iter().any(|&s| s < 0) {
+        return None;
+    }
+    let data = &t.storage::<f32>()[layout.start_offset()..];
+    View::strided(data, shape[0], shape[1], strides[0] as usize, strides[1] as usize)
 }

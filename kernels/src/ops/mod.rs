@@ -83,6 +83,20 @@ pub trait KernelOps: Backend {
     fn cross_entropy(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
         Self::cross_entropy_fwd(logits, targets).0
     }
+
+    /// `a · b` of `a: [m, k]`, `b: [k, n]` (either may be a transposed view). The backend's own
+    /// matmul except on the CPU, where the product is split into one panel per thread.
+    #[fusion(default)]
+    fn matmul(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::float_matmul(a, b)
+    }
+
+    /// The differentiable bias-free linear layer `x · w` (`x: [rows, d_in]`, `w: [d_in, d_out]`),
+    /// its three products (forward, `dy · wᵀ`, `xᵀ · dy`) all through [`KernelOps::matmul`].
+    #[fusion(default)]
+    fn linear(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::matmul(x, w)
+    }
 }
 
 /// RMSNorm of `x: [B, T, D]`.
@@ -104,6 +118,11 @@ pub fn rope(x: Tensor<4>, cos: Tensor<4>, sin: Tensor<4>) -> Tensor<4> {
     assert!(d % 2 == 0, "rotate-half RoPE needs an even head dim, got {d}");
     let table = |c: Tensor<4>| c.reshape([t, d]).into_dispatch();
     Tensor::from_dispatch(Dispatch::rope(x.into_dispatch(), table(cos), table(sin)))
+}
+
+/// `x · w` of `x: [rows, d_in]`, `w: [d_in, d_out]`.
+pub fn linear(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
+    Tensor::from_dispatch(Dispatch::linear(x.into_dispatch(), w.into_dispatch()))
 }
 
 /// Cross-entropy summed over positions of `logits: [B, T, V]`, `targets: [B, T]`.

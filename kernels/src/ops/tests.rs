@@ -1,4 +1,4 @@
-//! Every fused kernel on every device that has them — the CPU (flex) and, with the `wgpu`
+//! Every fused kernel (and the linear layer) on every device that has them — the CPU (flex) and, with the `wgpu`
 //! feature, burn's wgpu backend (on CPU-only machines: Mesa's software Vulkan adapter) —
 //! against the composed-ops reference on flex: forward and gradients, fresh random inputs each
 //! run (the seed is printed on failure); on wgpu the kernel outputs are allocated over poisoned
@@ -56,6 +56,18 @@ fn compare(
     seed: u64,
     op: &dyn Fn(&[Tensor<1>], bool) -> Tensor<1>,
 ) {
+    compare_on(&devices(), name, inputs, rng, seed, op)
+}
+
+/// [`compare`] on the given devices.
+fn compare_on(
+    devices: &[Device],
+    name: &str,
+    inputs: &[Vec<f32>],
+    rng: &mut impl Rng,
+    seed: u64,
+    op: &dyn Fn(&[Tensor<1>], bool) -> Tensor<1>,
+) {
     let make = |dev: &Device| -> Vec<Tensor<1>> {
         inputs.iter().map(|v| Tensor::from_data(TensorData::new(v.clone(), [v.len()]), dev).require_grad()).collect()
     };
@@ -65,15 +77,15 @@ fn compare(
     let w = normal(yf.dims()[0], rng);
     let wt = |dev: &Device| Tensor::<1>::from_data(TensorData::new(w.clone(), [w.len()]), dev);
     let gf = (yf.clone() * wt(&fdev)).sum().backward();
-    for dev in devices() {
-        let xg = make(&dev);
-        if crate::on_cube(&dev) {
-            poison(&dev);
+    for dev in devices {
+        let xg = make(dev);
+        if crate::on_cube(dev) {
+            poison(dev);
         }
         let yg = op(&xg, true);
         let e = rel_err(yg.clone(), yf.clone());
         assert!(e <= TOL, "{name} on {dev:?}: forward error {e} (seed {seed})");
-        let gg = (yg * wt(&dev)).sum().backward();
+        let gg = (yg * wt(dev)).sum().backward();
         for (i, (a, b)) in xg.iter().zip(&xf).enumerate() {
             if let (Some(a), Some(b)) = (a.grad(&gg), b.grad(&gf)) {
                 let e = rel_err(a, b);
@@ -150,6 +162,29 @@ fn fused_cross_entropy_matches_the_reference() {
             let dev = x[0].device();
             let tg = Tensor::<2, Int>::from_data(TensorData::new(targets.clone(), [b, t]), &dev);
             crate::cross_entropy_sum(x[0].clone().reshape([b, t, v]), tg, fused)
+        });
+    }
+}
+
+#[test]
+fn linear_matches_the_reference() {
+    let s = seed();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(s);
+    // Column panels (wide), row panels (narrow), one panel (small), a transposed input. The CPU
+    // only: on CubeCL devices `linear` is Burn's matmul (whose autotuning on the software
+    // adapter would cost minutes here); the wgpu training test covers it there.
+    let cpu = [Device::flex().autodiff()];
+    for (rows, d_in, d_out, transposed) in
+        [(1, 1, 1, false), (5, 3, 7, true), (130, 70, 300, false), (300, 129, 40, false), (64, 96, 200, true)]
+    {
+        let inputs = [normal(rows * d_in, &mut rng), normal(d_in * d_out, &mut rng)];
+        compare_on(&cpu, &format!("linear {rows}x{d_in}x{d_out} t{transposed}"), &inputs, &mut rng, s, &|x, fused| {
+            let x2 = if transposed {
+                x[0].clone().reshape([d_in, rows]).transpose()
+            } else {
+                x[0].clone().reshape([rows, d_in])
+            };
+            crate::linear(x2, x[1].clone().reshape([d_in, d_out]), fused).reshape([rows * d_out])
         });
     }
 }
