@@ -52,7 +52,7 @@ fn half_precision_on_the_wgpu_adapter() {
     }
 }
 
-/// `titan-rs bench kernels` checks and times every kernel on the device: six rows, each within
+/// `titan-rs bench kernels` checks and times every kernel on the device: seven rows, each within
 /// float32 tolerance of its reference (the timings are printed, not asserted).
 #[test]
 fn bench_kernels_checks_every_kernel_on_the_device() {
@@ -61,7 +61,9 @@ fn bench_kernels_checks_every_kernel_on_the_device() {
     let out = assert_ok(&titan(&args.split_whitespace().collect::<Vec<_>>()));
     let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| kernel")).collect();
     let names: Vec<&str> = rows.iter().map(|r| r.split('|').nth(1).unwrap().trim()).collect();
-    assert_eq!(names, ["rms_norm", "silu_mul", "rope", "attention fwd", "attention fwd+bwd", "cross_entropy"], "{out}");
+    let want =
+        ["rms_norm", "silu_mul", "rope", "attention fwd", "attention fwd+bwd", "linear fwd+bwd", "cross_entropy"];
+    assert_eq!(names, want, "{out}");
     for r in rows {
         let err: f64 = r.split('|').nth(3).unwrap().trim().parse().unwrap();
         assert!(err <= 1e-5, "{r}");

@@ -75,7 +75,8 @@ fn row<const D: usize>(
     }
 }
 
-/// Every kernel at `shapes` on `device` (forward passes; attention also forward + backward).
+/// Every kernel at `shapes` on `device` (forward passes; attention and the linear layer also
+/// forward + backward).
 pub fn bench_kernels(device: &Device, shapes: &Shapes, iters: usize) -> Result<Vec<KernelRow>> {
     let (b, t, a) = (shapes.batch, shapes.seq, &shapes.args);
     let (d, h, kv, hd, f, v) = (a.dim, a.n_heads, a.n_kv_heads, a.head_dim(), a.ffn_hidden_dim(), a.vocab_size);
@@ -145,6 +146,26 @@ pub fn bench_kernels(device: &Device, shapes: &Shapes, iters: usize) -> Result<V
         3.5 * causal_flops,
         &|| qa.grad(&grad_q(titan_kernels::causal_attention(qa.clone(), ka.clone(), va.clone()))).expect("dq"),
         &|| qa.grad(&grad_q(reference_attention(qa.clone(), ka.clone(), va.clone()))).expect("dq"),
+    ));
+
+    // The linear layer (SwiGLU's w1 shape), forward + backward: y = x·w, dx = dy·wᵀ, dw = xᵀ·dy;
+    // on the CPU the fused path splits each product into one output panel per thread.
+    let lift2 = |x: Tensor<2>| Tensor::<2>::from_data(x.to_data(), &ad).require_grad();
+    let (xl, wl) = (lift2(random([n, d], device)), lift2(random([d, f], device)));
+    // A random upstream gradient (`Σ y ∘ r`), not the broadcast ones of a plain sum.
+    let r = Tensor::<2>::from_data(random([n, f], device).to_data(), &ad);
+    let grad_w = |fused: bool| {
+        let y = titan_kernels::linear(xl.clone(), wl.clone(), fused);
+        wl.grad(&(y * r.clone()).sum().backward())
+    };
+    rows.push(row(
+        "linear fwd+bwd",
+        format!("{n}×{d}·{d}×{f}"),
+        iters,
+        word * (3 * (n * d + d * f + n * f)) as f64,
+        (6 * n * d * f) as f64,
+        &|| grad_w(true).expect("dw"),
+        &|| grad_w(false).expect("dw"),
     ));
 
     let logits = random([b, t, v], device);
