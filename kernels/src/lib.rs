@@ -76,6 +76,23 @@ pub fn linear(x: Tensor<2>, w: Tensor<2>, fused: bool) -> Tensor<2> {
     x.matmul(w)
 }
 
+/// One AdamW update `(p', m', v')` of a flattened parameter, its gradient and moments: on the
+/// CPU one fused pass ([`host::adamw`]); elsewhere (where Burn's fusion merges the element-wise
+/// ops) and with `fused = false` the composed ops.
+pub fn adamw(
+    p: Tensor<1>,
+    g: Tensor<1>,
+    m: Tensor<1>,
+    v: Tensor<1>,
+    h: ops::AdamWStep,
+    fused: bool,
+) -> (Tensor<1>, Tensor<1>, Tensor<1>) {
+    if fused && has_kernels(&p.device()) && !on_cube(&p.device()) {
+        return ops::adamw(p, g, m, v, h);
+    }
+    reference::adamw(p, g, m, v, h)
+}
+
 /// Cross-entropy summed over positions (`logits: [B, T, V]`, `targets: [B, T]`).
 pub fn cross_entropy_sum(logits: Tensor<3>, targets: Tensor<2, Int>, fused: bool) -> Tensor<1> {
     if fused && has_kernels(&logits.device()) {

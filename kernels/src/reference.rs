@@ -1,6 +1,7 @@
 //! The composed-Burn-ops reference path of every fused kernel: what runs where a device has no
 //! kernel, and what the kernels are tested against.
 
+use crate::ops::AdamWStep;
 use burn::prelude::*;
 
 /// RMSNorm: `x / sqrt(mean(x²) + eps) · w` over the last dim.
@@ -30,4 +31,20 @@ pub fn cross_entropy_sum(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1
     let logp = burn::tensor::activation::log_softmax(logits.reshape([b * t, v]), 1);
     let picked = logp.gather(1, targets.reshape([b * t, 1]));
     picked.sum().neg()
+}
+
+/// One AdamW update `(p', m', v')` (see [`AdamWStep`] for the formula).
+pub fn adamw(
+    p: Tensor<1>,
+    g: Tensor<1>,
+    m: Tensor<1>,
+    v: Tensor<1>,
+    h: AdamWStep,
+) -> (Tensor<1>, Tensor<1>, Tensor<1>) {
+    let g = if h.grad_scale != 1.0 { g.mul_scalar(h.grad_scale) } else { g };
+    let m = m.clone() + (g.clone() - m).mul_scalar(h.one_minus_beta1);
+    let v = v.mul_scalar(h.beta2) + (g.clone() * g).mul_scalar(h.one_minus_beta2);
+    let denom = v.clone().sqrt().div_scalar(h.bias2_sqrt).add_scalar(h.eps);
+    let p = p.mul_scalar(h.decay) - (m.clone() / denom).mul_scalar(h.step_size);
+    (p, m, v)
 }

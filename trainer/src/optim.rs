@@ -9,6 +9,7 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use std::collections::BTreeMap;
 use titan_checkpoints::{HostTensor, TensorMap};
+use titan_kernels::ops::AdamWStep;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct AdamWConfig {
@@ -16,11 +17,28 @@ pub struct AdamWConfig {
     pub beta2: f64,
     pub eps: f64,
     pub weight_decay: f64,
+    /// The update as one fused pass where the device has the kernel (the CPU), else the
+    /// composed ops (`titan_kernels::adamw`).
+    pub fused: bool,
 }
 
 impl AdamWConfig {
     pub fn from_config(o: &crate::config::Optimizer) -> Self {
-        Self { beta1: o.betas[0], beta2: o.betas[1], eps: o.eps, weight_decay: o.weight_decay }
+        Self { beta1: o.betas[0], beta2: o.betas[1], eps: o.eps, weight_decay: o.weight_decay, fused: true }
+    }
+
+    /// The `f32` scalars of step `t` (1-based) at learning rate `lr`.
+    fn step_scalars(&self, t: i32, lr: f64, grad_scale: f64) -> AdamWStep {
+        AdamWStep {
+            one_minus_beta1: (1.0 - self.beta1) as f32,
+            beta2: self.beta2 as f32,
+            one_minus_beta2: (1.0 - self.beta2) as f32,
+            bias2_sqrt: (1.0 - self.beta2.powi(t)).sqrt() as f32,
+            eps: self.eps as f32,
+            decay: (1.0 - lr * self.weight_decay) as f32,
+            step_size: (lr / (1.0 - self.beta1.powi(t))) as f32,
+            grad_scale: grad_scale as f32,
+        }
     }
 }
 
@@ -131,14 +149,10 @@ impl ModuleMapper for Update<'_> {
             return param;
         };
         let (id, tensor, mapper) = param.consume();
-        let c = &self.opt.cfg;
-        let t = self.opt.step as i32;
+        let h = self.opt.cfg.step_scalars(self.opt.step as i32, self.lr, self.grad_scale);
         let shape = tensor.shape();
         let n = shape.num_elements();
-        let mut g = grad.reshape([n]);
-        if self.grad_scale != 1.0 {
-            g = g.mul_scalar(self.grad_scale);
-        }
+        let g = grad.reshape([n]);
         let p = tensor.inner().reshape([n]);
         let path = self.path.join(".");
         let m = self
@@ -146,12 +160,7 @@ impl ModuleMapper for Update<'_> {
             .state
             .remove(&path)
             .unwrap_or_else(|| Moments { exp_avg: g.zeros_like(), exp_avg_sq: g.zeros_like() });
-        let exp_avg = m.exp_avg.clone() + (g.clone() - m.exp_avg).mul_scalar(1.0 - c.beta1);
-        let exp_avg_sq = m.exp_avg_sq.mul_scalar(c.beta2) + g.square().mul_scalar(1.0 - c.beta2);
-        let bias1 = 1.0 - c.beta1.powi(t);
-        let bias2_sqrt = (1.0 - c.beta2.powi(t)).sqrt();
-        let denom = exp_avg_sq.clone().sqrt().div_scalar(bias2_sqrt).add_scalar(c.eps);
-        let p = p.mul_scalar(1.0 - self.lr * c.weight_decay) - (exp_avg.clone() / denom).mul_scalar(self.lr / bias1);
+        let (p, exp_avg, exp_avg_sq) = titan_kernels::adamw(p, g, m.exp_avg, m.exp_avg_sq, h, self.opt.cfg.fused);
         self.opt.state.insert(path, Moments { exp_avg, exp_avg_sq });
         let updated = Tensor::from_inner(p.reshape(shape)).require_grad();
         Param::from_mapped_value(id, updated, mapper)

@@ -217,7 +217,10 @@ impl Trainer {
         let (model, placement) = parallelize(&cfg, stages, &rank);
         let checkpoints = CheckpointFolder::new(PathBuf::from(&cfg.job.dump_folder).join(&cfg.checkpoint.folder));
         let mut t = Self {
-            optim: AdamW::new(AdamWConfig::from_config(&cfg.optimizer)),
+            optim: AdamW::new(AdamWConfig {
+                fused: cfg.model.kernels == "fused",
+                ..AdamWConfig::from_config(&cfg.optimizer)
+            }),
             schedule: LrSchedule::from_config(&cfg),
             args,
             device,

@@ -2,6 +2,7 @@
 //! ([`math`]), and moving flex tensors in and out of `f32` slices without copies where the
 //! tensor is already contiguous `f32`.
 
+pub mod adamw;
 pub mod gemm;
 pub mod math;
 pub mod rows;
@@ -10,6 +11,30 @@ use burn::backend::ops::{FloatTensorOps, IntTensorOps};
 use burn::backend::{tensor::FloatTensor, tensor::IntTensor, Flex, TensorMetadata};
 use burn::tensor::{read_sync, DType, TensorData};
 use std::borrow::Cow;
+use std::mem::MaybeUninit;
+
+/// `K` vectors of `n` floats that `fill` writes, every element of each, without zeroing them
+/// first (on the 2-core VM zeroing a kernel's outputs cost as much as the kernel's own writes).
+/// The kernels hand `fill`'s buffers to rayon in chunks that cover them and write every element
+/// of each chunk.
+pub(crate) fn written<const K: usize>(n: usize, fill: impl FnOnce([&mut [MaybeUninit<f32>]; K])) -> [Vec<f32>; K] {
+    let mut out: [Vec<f32>; K] = std::array::from_fn(|_| Vec::with_capacity(n));
+    fill(out.each_mut().map(|v| &mut v.spare_capacity_mut()[..n]));
+    for v in &mut out {
+        // SAFETY: `fill` wrote all `n` elements (the contract above), within the capacity.
+        unsafe { v.set_len(n) };
+    }
+    out
+}
+
+/// The values of elements already written.
+///
+/// # Safety
+/// Every element of `s` must have been written.
+pub(crate) unsafe fn assume_written(s: &[MaybeUninit<f32>]) -> &[f32] {
+    // SAFETY: `MaybeUninit<f32>` has `f32`'s layout, and the caller guarantees initialisation.
+    unsafe { &*(s as *const [MaybeUninit<f32>] as *const [f32]) }
+}
 
 /// The values of a float tensor as `f32`: borrowed when it is contiguous `f32` (the usual
 /// case), converted otherwise (strided views, half precision).

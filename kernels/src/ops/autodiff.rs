@@ -1,6 +1,6 @@
 //! Backward passes of the fused ops: each forward saves what its backward kernel needs.
 
-use super::KernelOps;
+use super::{AdamWStep, KernelOps};
 use burn::backend::autodiff::{
     checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
     grads::Gradients,
@@ -193,6 +193,18 @@ impl<B: Backend + KernelOps, C: CheckpointStrategy> KernelOps for Autodiff<B, C>
             OpsKind::Tracked(prep) => prep.finish((logits, targets, lse), loss),
             OpsKind::UnTracked(prep) => prep.finish(loss),
         }
+    }
+
+    fn adamw(
+        p: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        m: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        h: AdamWStep,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let inner = |t: FloatTensor<Self>| t.into_primitive();
+        let (p, m, v) = B::adamw(inner(p), inner(g), inner(m), inner(v), h);
+        (Self::from_inner(p), Self::from_inner(m), Self::from_inner(v))
     }
 
     fn matmul(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {

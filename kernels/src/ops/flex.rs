@@ -1,7 +1,7 @@
 //! [`KernelOps`] on the CPU: the flex tensors' values go through the kernels of
 //! [`crate::host::rows`] (borrowed, not copied, when contiguous `f32`).
 
-use super::KernelOps;
+use super::{AdamWStep, KernelOps};
 use crate::host::gemm::{par_product, View};
 use crate::host::{floats, ints, rows, tensor_like};
 use burn::backend::ops::FloatTensorOps;
@@ -66,6 +66,17 @@ impl KernelOps for Flex {
         let vocab = logits.shape()[1];
         let g = rows::cross_entropy_bwd(&floats(&logits), &ints(&targets), &floats(&lse), &floats(&dloss), vocab);
         tensor_like(g, dims(&logits), &logits)
+    }
+
+    fn adamw(
+        p: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        m: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        h: AdamWStep,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let (p2, m2, v2) = crate::host::adamw::adamw(&floats(&p), &floats(&g), &floats(&m), &floats(&v), h);
+        (tensor_like(p2, dims(&p), &p), tensor_like(m2, dims(&m), &m), tensor_like(v2, dims(&v), &v))
     }
 
     fn matmul(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {

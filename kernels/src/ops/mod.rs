@@ -17,6 +17,23 @@ fn row_spec(x: &TensorSpec) -> TensorSpec {
     TensorSpec::new(Shape::new([x.shape[0]]), x.dtype)
 }
 
+/// The scalars of one AdamW step, as `f32` (the values the composed ops use):
+/// `m' = m + (g·grad_scale − m)·(1 − β1)`, `v' = v·β2 + g²·(1 − β2)`,
+/// `p' = p·decay − m' / (√v' / bias2_sqrt + eps) · step_size`, with `decay = 1 − lr·wd`,
+/// `step_size = lr / (1 − β1ᵗ)`, `bias2_sqrt = √(1 − β2ᵗ)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWStep {
+    pub one_minus_beta1: f32,
+    pub beta2: f32,
+    pub one_minus_beta2: f32,
+    pub bias2_sqrt: f32,
+    pub eps: f32,
+    pub decay: f32,
+    pub step_size: f32,
+    /// Multiplies the gradient first (global-norm clipping); 1 leaves it as it is.
+    pub grad_scale: f32,
+}
+
 #[backend_extension(Flex, Autodiff, Cube: cfg(feature = "cube"), Fusion: cfg(feature = "cube"))]
 pub trait KernelOps: Backend {
     /// RMSNorm over the last dim of `x: [rows, dim]` with weight `w: [dim]`.
@@ -91,6 +108,21 @@ pub trait KernelOps: Backend {
         Self::float_matmul(a, b)
     }
 
+    /// One AdamW update `(p', m', v')` of a flattened parameter `p` with gradient `g` and moments
+    /// `m`, `v` (not differentiable: optimizer tensors carry no graph). Only the CPU has a
+    /// kernel; [`crate::adamw`] routes every other device to the composed reference.
+    #[fusion(default)]
+    fn adamw(
+        p: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        m: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        h: AdamWStep,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let _ = (p, g, m, v, h);
+        unreachable!("adamw has a kernel only on the CPU; titan_kernels::adamw routes other devices to the reference")
+    }
+
     /// The differentiable bias-free linear layer `x · w` (`x: [rows, d_in]`, `w: [d_in, d_out]`),
     /// its three products (forward, `dy · wᵀ`, `xᵀ · dy`) all through [`KernelOps::matmul`].
     #[fusion(default)]
@@ -118,6 +150,18 @@ pub fn rope(x: Tensor<4>, cos: Tensor<4>, sin: Tensor<4>) -> Tensor<4> {
     assert!(d % 2 == 0, "rotate-half RoPE needs an even head dim, got {d}");
     let table = |c: Tensor<4>| c.reshape([t, d]).into_dispatch();
     Tensor::from_dispatch(Dispatch::rope(x.into_dispatch(), table(cos), table(sin)))
+}
+
+/// One AdamW update `(p', m', v')` of flattened tensors.
+pub fn adamw(
+    p: Tensor<1>,
+    g: Tensor<1>,
+    m: Tensor<1>,
+    v: Tensor<1>,
+    h: AdamWStep,
+) -> (Tensor<1>, Tensor<1>, Tensor<1>) {
+    let (p, m, v) = Dispatch::adamw(p.into_dispatch(), g.into_dispatch(), m.into_dispatch(), v.into_dispatch(), h);
+    (Tensor::from_dispatch(p), Tensor::from_dispatch(m), Tensor::from_dispatch(v))
 }
 
 /// `x · w` of `x: [rows, d_in]`, `w: [d_in, d_out]`.
