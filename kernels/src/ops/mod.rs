@@ -152,8 +152,9 @@ pub fn rope(x: Tensor<4>, cos: Tensor<4>, sin: Tensor<4>) -> Tensor<4> {
     Tensor::from_dispatch(Dispatch::rope(x.into_dispatch(), table(cos), table(sin)))
 }
 
-/// One AdamW update `(p', m', v')` of flattened tensors.
-pub fn adamw(
+/// One AdamW update `(p', m', v')` of flattened tensors: CPU tensors only (the trait's default
+/// for other backends is unreachable through [`crate::adamw`], which routes them to the reference).
+pub(crate) fn adamw(
     p: Tensor<1>,
     g: Tensor<1>,
     m: Tensor<1>,
