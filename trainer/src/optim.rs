@@ -73,7 +73,8 @@ impl AdamW {
     /// first (global-norm clipping).
     pub fn step<M: Module>(&mut self, model: M, grads: GradientsParams, lr: f64, grad_scale: f64) -> M {
         self.step += 1;
-        let mut u = Update { opt: self, grads, lr, grad_scale, path: Vec::new() };
+        let h = self.cfg.step_scalars(self.step as i32, lr, grad_scale);
+        let mut u = Update { opt: self, grads, h, path: Vec::new() };
         model.map(&mut u)
     }
 
@@ -132,8 +133,8 @@ impl AdamW {
 struct Update<'a> {
     opt: &'a mut AdamW,
     grads: GradientsParams,
-    lr: f64,
-    grad_scale: f64,
+    /// This step's scalars, the same for every parameter.
+    h: AdamWStep,
     path: Vec<String>,
 }
 
@@ -149,7 +150,6 @@ impl ModuleMapper for Update<'_> {
             return param;
         };
         let (id, tensor, mapper) = param.consume();
-        let h = self.opt.cfg.step_scalars(self.opt.step as i32, self.lr, self.grad_scale);
         let shape = tensor.shape();
         let n = shape.num_elements();
         let g = grad.reshape([n]);
@@ -160,7 +160,7 @@ impl ModuleMapper for Update<'_> {
             .state
             .remove(&path)
             .unwrap_or_else(|| Moments { exp_avg: g.zeros_like(), exp_avg_sq: g.zeros_like() });
-        let (p, exp_avg, exp_avg_sq) = titan_kernels::adamw(p, g, m.exp_avg, m.exp_avg_sq, h, self.opt.cfg.fused);
+        let (p, exp_avg, exp_avg_sq) = titan_kernels::adamw(p, g, m.exp_avg, m.exp_avg_sq, self.h, self.opt.cfg.fused);
         self.opt.state.insert(path, Moments { exp_avg, exp_avg_sq });
         let updated = Tensor::from_inner(p.reshape(shape)).require_grad();
         Param::from_mapped_value(id, updated, mapper)
