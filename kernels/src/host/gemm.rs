@@ -72,7 +72,7 @@ pub fn matmul(c: &mut [f32], ldc: usize, accumulate: bool, a: View, b: View) {
 pub fn par_product(a: View, b: View) -> Vec<f32> {
     let (m, n) = (a.rows, b.cols);
     let mut c = Vec::with_capacity(m * n);
-    check(c.capacity(), n, &a, &b);
+    check(m * n, n, &a, &b);
     let work = m * n * a.cols;
     let threads = rayon::current_num_threads().min(work / MIN_PANEL_WORK).max(1);
     let out = Ptr(c.as_mut_ptr());
