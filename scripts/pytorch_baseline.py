@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""The PyTorch eager baseline of `titan-rs bench train` on the debugmodel: Hugging Face's Llama
-(sdpa attention) with the debugmodel's shape, AdamW, fp32, the same tokens per step.
+"""The PyTorch eager baseline of `titan-rs bench train`: Hugging Face's Llama (sdpa attention)
+with a titan-rs flavor's shape (default: the debugmodel), AdamW, fp32, the same tokens per step.
 
     pip install torch transformers
     python3 scripts/pytorch_baseline.py [--batch 8 --seq 256 --warmup 2 --steps 10 --threads 2]
+        [--dim 256 --layers 6 --heads 16 --kv-heads 16 --ffn 768 --vocab 2048 --rope-theta 5e5]
 
-Prints tokens/s. Run it next to `titan-rs bench train --config configs/llama_debug.toml
---training.seq_len 256 --training.local_batch_size 8` to compare on the same machine.
+Prints tokens/s. `titan-rs bench train --config F --baseline pytorch --rounds 3` runs it with the
+config's shape, alternating with its own measurement, and reports both medians and the ratio.
 """
 import argparse
 import time
@@ -22,19 +23,25 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--kv-heads", type=int, default=16)
+    p.add_argument("--ffn", type=int, default=768)
+    p.add_argument("--vocab", type=int, default=2048)
+    p.add_argument("--rope-theta", type=float, default=500000.0)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    # titan-rs's debugmodel: dim 256, 6 layers, 16 heads, vocab 2048, SwiGLU hidden 768.
     cfg = LlamaConfig(
-        vocab_size=2048,
-        hidden_size=256,
-        intermediate_size=768,
-        num_hidden_layers=6,
-        num_attention_heads=16,
-        num_key_value_heads=16,
+        vocab_size=a.vocab,
+        hidden_size=a.dim,
+        intermediate_size=a.ffn,
+        num_hidden_layers=a.layers,
+        num_attention_heads=a.heads,
+        num_key_value_heads=a.kv_heads,
         max_position_embeddings=a.seq,
-        rope_theta=500000.0,
+        rope_theta=a.rope_theta,
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,
         attn_implementation="sdpa",

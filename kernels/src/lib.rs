@@ -19,8 +19,10 @@ pub mod cube;
 pub mod host;
 pub mod ops;
 pub mod reference;
+pub mod trace_mark;
 
 pub use attention::causal_attention;
+pub use trace_mark::backward_boundary;
 use burn::prelude::*;
 
 /// Whether `device` has the fused kernels: the CPU (flex) or a CubeCL device, with or without

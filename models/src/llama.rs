@@ -14,7 +14,8 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::DType;
 use std::ops::Range;
-use titan_kernels::{causal_attention, has_kernels};
+use titan_kernels::{backward_boundary, causal_attention, has_kernels};
+use titan_profiling::Boundary;
 
 const INIT_STD: f64 = 0.02;
 
@@ -152,6 +153,10 @@ pub struct Transformer {
     /// Where a parallelism moves activations (none for the plain model).
     #[module(skip)]
     pub hooks: Hooks,
+    /// The global index of `layers[0]` (a pipeline stage holds a range of the model's blocks);
+    /// names the blocks in step traces.
+    #[module(skip)]
+    pub first_layer: usize,
 }
 
 impl Transformer {
@@ -167,6 +172,7 @@ impl Transformer {
     pub fn stage(a: &ModelArgs, seed: u64, device: &Device, layers: Range<usize>, first: bool, last: bool) -> Self {
         Self {
             tok_embeddings: first.then(|| Embedding::new(seed, "tok_embeddings", a.vocab_size, a.dim, device)),
+            first_layer: layers.start,
             layers: layers.map(|l| TransformerBlock::new(a, seed, l, device)).collect(),
             norm: last.then(|| RmsNorm::new(seed, "norm", a.dim, a.norm_eps, device)),
             output: last.then(|| Linear::new(seed, "output", a.dim, a.vocab_size, (a.dim as f64).powf(-0.5), device)),
@@ -241,14 +247,14 @@ impl Transformer {
         }
         let mut rope = RopeTables::new(self.rope_theta, self.head_dim, 0, seq_len, &h.device());
         rope.fused = self.fused_kernels;
-        for layer in &self.layers {
-            h = layer.forward(h, &rope, &self.hooks);
+        for (i, layer) in self.layers.iter().enumerate() {
+            h = traced(|| format!("layers.{}", self.first_layer + i), h, |h| layer.forward(h, &rope, &self.hooks));
         }
         match (&self.norm, &self.output) {
             // Logits in float32 for the loss, whatever the compute type.
-            (Some(norm), Some(output)) => {
+            (Some(norm), Some(output)) => traced(|| "output".into(), h, |h| {
                 output.forward(self.hooks.column_input(norm.forward(h))).cast(burn::tensor::FloatDType::F32)
-            }
+            }),
             _ => h,
         }
     }
@@ -259,6 +265,20 @@ impl Transformer {
         self.visit(&mut v);
         v.out
     }
+}
+
+/// `f(x)` as the part `name` of the model in step traces: a `{name}.forward` span, and (through
+/// gradient markers on its input and output) a `{name}.backward` span. Without a recording
+/// this is `f(x)`.
+fn traced(name: impl FnOnce() -> String, x: Tensor<3>, f: impl FnOnce(Tensor<3>) -> Tensor<3>) -> Tensor<3> {
+    if !titan_profiling::is_active() {
+        return f(x);
+    }
+    let name = name();
+    let backward = format!("{name}.backward");
+    let _span = titan_profiling::span(format!("{name}.forward"), "forward");
+    let x = backward_boundary(x, &backward, Boundary::End);
+    backward_boundary(f(x), &backward, Boundary::Begin)
 }
 
 /// What a pipeline stage receives.

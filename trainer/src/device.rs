@@ -11,6 +11,15 @@
 
 use anyhow::{bail, Result};
 use burn::prelude::*;
+use std::sync::Mutex;
+
+/// The name of the GPU adapter [`select`] picked last (for the MFU peak table and reports).
+static ADAPTER: Mutex<Option<String>> = Mutex::new(None);
+
+/// The adapter [`select`] picked for a GPU device (`None` on the CPU).
+pub fn selected_adapter() -> Option<String> {
+    ADAPTER.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
 
 /// The device for `training.device` / `training.device_index`, checked with a real reduction.
 pub fn select(name: &str, index: usize) -> Result<Device> {
@@ -60,6 +69,7 @@ fn wgpu_device(name: &str, index: usize) -> Result<Device> {
     };
     let pick = |kind: &str, found: Vec<&wgpu::AdapterInfo>| -> Result<usize> {
         if index < found.len() {
+            *ADAPTER.lock().unwrap_or_else(|p| p.into_inner()) = Some(found[index].name.clone());
             tracing::info!("training on {} ({kind} {index}, {:?})", found[index].name, found[index].backend);
             Ok(index)
         } else {

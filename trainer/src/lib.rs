@@ -3,8 +3,6 @@
 
 pub mod alloc;
 pub mod bench;
-pub mod bench_comm;
-pub mod bench_kernels;
 pub mod config;
 pub mod device;
 pub mod generate;
@@ -16,7 +14,6 @@ pub mod parallelize;
 pub mod paths;
 pub mod pipeline;
 pub mod plan;
-pub mod plot;
 pub mod state;
 pub mod train;
 pub mod trainer;

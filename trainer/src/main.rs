@@ -5,7 +5,8 @@ use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use titan_rs::config::{load_config, parse_overrides, to_toml, JobConfig};
-use titan_rs::{bench, bench_comm, bench_kernels, generate, train};
+use titan_rs::bench::{comm as bench_comm, kernels as bench_kernels, train as bench_train};
+use titan_rs::{generate, train};
 
 #[derive(Parser)]
 #[command(name = "titan-rs", version, about = "LLM pre-training on Burn, configured like TorchTitan")]
@@ -82,16 +83,42 @@ enum Command {
         #[command(subcommand)]
         kind: BenchKind,
     },
+    /// Step traces (`--profiling.enable_profiling`).
+    Trace {
+        #[command(subcommand)]
+        command: TraceCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum TraceCommand {
+    /// Draw one recorded step of every rank (an `iteration_N` folder of `rankR_trace.json`
+    /// files) as a timeline PNG.
+    Timeline {
+        /// The `iteration_N` folder.
+        dir: PathBuf,
+        /// The PNG to write (default: `timeline.png` in the folder).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
 enum BenchKind {
-    /// Tokens/s and MFU of training steps.
+    /// Tokens/s and MFU of training steps; `--baseline pytorch` also measures PyTorch eager
+    /// (scripts/pytorch_baseline.py, same shape and threads) in alternating `--rounds`.
     Train {
         #[arg(long, default_value_t = 2)]
         warmup: usize,
         #[arg(long, default_value_t = 5)]
         steps: usize,
+        /// `pytorch` (needs python3 with torch and transformers) or a shell command that prints
+        /// `N tokens/s`.
+        #[arg(long)]
+        baseline: Option<String>,
+        /// Alternating rounds of titan-rs and the baseline (medians and ranges reported).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
         #[command(flatten)]
         config: ConfigArgs,
     },
@@ -220,20 +247,47 @@ fn run(cli: Cli) -> Result<()> {
             let peaks = peak_gbs.zip(peak_tflops);
             bench_kernels::print_table(&rows, &format!("{} ({})", cfg.training.device, cfg.model.flavor), peaks);
         }
-        Command::Bench { kind: BenchKind::Train { mut warmup, mut steps, config } } => {
-            let (cfg, flags) = config.load_with_flags(&["warmup", "steps"])?;
+        Command::Bench { kind: BenchKind::Train { mut warmup, mut steps, mut baseline, mut rounds, config } } => {
+            let (cfg, flags) = config.load_with_flags(&["warmup", "steps", "baseline", "rounds"])?;
             for (k, v) in flags {
+                if k == "baseline" {
+                    baseline = Some(v);
+                    continue;
+                }
                 let n: usize = v.parse().with_context(|| format!("--{k} {v}: expected a number"))?;
-                if k == "warmup" {
-                    warmup = n
-                } else {
-                    steps = n
+                match k.as_str() {
+                    "warmup" => warmup = n,
+                    "rounds" => rounds = n,
+                    _ => steps = n,
                 }
             }
             set_threads(&cfg)?;
-            let label = bench::label(&cfg);
-            let r = bench::bench(cfg, warmup, steps.max(1))?;
-            bench::print_table(&label, &r);
+            let label = bench_train::label(&cfg);
+            let steps = steps.max(1);
+            let Some(baseline) = baseline else {
+                let r = bench_train::bench(cfg, warmup, steps)?;
+                bench_train::print_table(&label, &r, None);
+                return Ok(());
+            };
+            let (name, cmd) = match baseline.as_str() {
+                "pytorch" => ("PyTorch eager".to_string(), bench_train::pytorch_command(&cfg, warmup, steps)),
+                other => (other.to_string(), vec!["sh".into(), "-c".into(), other.to_string()]),
+            };
+            let mut b = bench_train::Baseline { name, ours: Vec::new(), theirs: Vec::new() };
+            let mut last = None;
+            for round in 1..=rounds.max(1) {
+                let r = bench_train::bench(cfg.clone(), warmup, steps)?;
+                b.ours.push(r.tokens_per_s);
+                b.theirs.push(bench_train::run_baseline(&cmd)?);
+                eprintln!("round {round}: titan-rs {:.0} tokens/s, {} {:.0} tokens/s", r.tokens_per_s, b.name, b.theirs[round - 1]);
+                last = Some(r);
+            }
+            bench_train::print_table(&label, &last.expect("at least one round"), Some(&b));
+        }
+        Command::Trace { command: TraceCommand::Timeline { dir, out } } => {
+            let out = out.unwrap_or_else(|| dir.join("timeline.png"));
+            let n = titan_rs::metrics::trace::timeline(&dir, &out)?;
+            println!("wrote {} ({n} ranks)", out.display());
         }
     }
     Ok(())
@@ -243,6 +297,7 @@ fn main() -> ExitCode {
     titan_rs::alloc::keep_freed_memory();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(titan_rs::metrics::console::stderr_color())
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_target(false)
         .init();

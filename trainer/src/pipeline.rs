@@ -199,7 +199,12 @@ impl Wire<'_> {
     /// `stage`'s output).
     fn recv(&self, stage: usize, microbatch: usize, from: usize, backward: bool) -> Result<Tensor<3>> {
         let mut buf = vec![0f32; self.hidden.iter().product()];
-        self.comm().recv(&mut buf, self.layout.split.rank_of_stage(from), self.tag(stage, microbatch, backward))?;
+        let peer = self.layout.split.rank_of_stage(from);
+        let _span = titan_profiling::span_with(|| format!("pp.recv {} mb {microbatch}", direction(backward)), "pipeline")
+            .arg("bytes", buf.len() * 4)
+            .arg("peer", peer)
+            .arg("stage", stage);
+        self.comm().recv(&mut buf, peer, self.tag(stage, microbatch, backward))?;
         Ok(Tensor::from_data(TensorData::new(buf, self.hidden), self.device))
     }
 
@@ -207,8 +212,22 @@ impl Wire<'_> {
     /// gradient of its output).
     fn send(&self, x: Tensor<3>, stage: usize, microbatch: usize, backward: bool) -> Result<()> {
         let data = x.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 hidden states");
-        self.comm().send(&data, self.layout.split.rank_of_stage(stage), self.tag(stage, microbatch, backward))?;
+        let peer = self.layout.split.rank_of_stage(stage);
+        let _span = titan_profiling::span_with(|| format!("pp.send {} mb {microbatch}", direction(backward)), "pipeline")
+            .arg("bytes", data.len() * 4)
+            .arg("peer", peer)
+            .arg("stage", stage);
+        self.comm().send(&data, peer, self.tag(stage, microbatch, backward))?;
         Ok(())
+    }
+}
+
+/// What a pipeline message carries, for trace span names.
+fn direction(backward: bool) -> &'static str {
+    if backward {
+        "gradient"
+    } else {
+        "activation"
     }
 }
 
@@ -242,6 +261,7 @@ pub fn run_schedule(
         };
         match action {
             Action::Forward { stage, microbatch: m } => {
+                let _span = titan_profiling::span_with(|| format!("forward stage {stage} mb {m}"), "forward");
                 let chunk = &model.chunks[stage / layout.split.pp];
                 let (input, x) = if stage == 0 {
                     (StageInput::Tokens(rows(&io.batch.inputs, m)), None)
@@ -263,6 +283,7 @@ pub fn run_schedule(
                 }
             }
             Action::Backward { stage, microbatch: m } => {
+                let _span = titan_profiling::span_with(|| format!("backward stage {stage} mb {m}"), "backward");
                 let Some(s) = saved.remove(&(stage, m)) else { bail!("schedule runs backward before forward") };
                 let (x, grads) = match s {
                     Saved::Loss(x, loss) => (x, loss.backward()),

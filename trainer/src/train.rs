@@ -1,7 +1,7 @@
 //! `titan-rs train`: the loop, top to bottom.
 
 use crate::config::{to_toml, JobConfig};
-use crate::metrics::{measure_matmul_tflops, MetricsLogger};
+use crate::metrics::{console, peak, trace, MetricsLogger, Sinks};
 use crate::trainer::{RankContext, Trainer};
 use anyhow::{anyhow, bail, Result};
 use std::path::PathBuf;
@@ -72,14 +72,80 @@ fn run_mpi(_cfg: JobConfig, _log_rank: usize) -> Result<Summary> {
     bail!("started by an MPI launcher, but this titan-rs was built without MPI; rebuild with `cargo build --release -p titan-rs --features mpi` (needs Debian's openmpi-bin libopenmpi-dev libclang-dev)")
 }
 
-/// Prints what is being trained and opens the metrics log (the logging rank only).
-fn start_logging(t: &Trainer, dump: &std::path::Path, steps: u64) -> Result<MetricsLogger> {
-    let cfg = &t.cfg;
-    let peak = if cfg.metrics.peak_tflops > 0.0 {
-        cfg.metrics.peak_tflops
+/// Ranks that compute on this rank's device: thread ranks share this process's cores (or its
+/// GPU); under MPI, the ranks the launcher placed on this host.
+fn ranks_sharing_device(t: &Trainer) -> usize {
+    if titan_parallel::under_mpi_launcher() {
+        ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"]
+            .iter()
+            .find_map(|k| std::env::var(k).ok()?.parse::<usize>().ok())
+            .unwrap_or(1)
     } else {
-        measure_matmul_tflops(&t.device.clone().without_autodiff())
+        t.cfg.parallelism.dims(None).map(|d| d.world_size).unwrap_or(1).max(1)
+    }
+}
+
+/// The TensorBoard folder of this run: `{dump}/{save_tb_folder}/{UTC yyyymmdd-hhmm}` (as
+/// TorchTitan), with a `rank_N` folder per rank under `save_for_all_ranks`. The time is read
+/// once per process, so the thread ranks of a run share it.
+fn tensorboard_dir(cfg: &JobConfig, dump: &std::path::Path, rank: usize) -> Option<PathBuf> {
+    static STAMP: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    if !cfg.metrics.enable_tensorboard {
+        return None;
+    }
+    let stamp = STAMP.get_or_init(|| {
+        let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        utc_stamp(secs)
+    });
+    let dir = dump.join(&cfg.metrics.save_tb_folder).join(stamp);
+    Some(if cfg.metrics.save_for_all_ranks { dir.join(format!("rank_{rank}")) } else { dir })
+}
+
+/// `yyyymmdd-hhmm` (UTC) of Unix time `secs` (Howard Hinnant's civil-from-days).
+fn utc_stamp(secs: u64) -> String {
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}{m:02}{d:02}-{:02}{:02}", rem / 3600, (rem % 3600) / 60)
+}
+
+/// Opens this rank's metrics sinks: the logging rank prints what is being trained and writes
+/// the console lines and `metrics.jsonl`; TensorBoard files come from it, or from every rank
+/// under `metrics.save_for_all_ranks`. `None` for a rank with nothing to write.
+fn start_logging(t: &Trainer, dump: &std::path::Path, steps: u64, logs: bool) -> Result<Option<MetricsLogger>> {
+    let cfg = &t.cfg;
+    let tensorboard = (logs || cfg.metrics.save_for_all_ranks)
+        .then(|| tensorboard_dir(cfg, dump, t.rank.world_rank))
+        .flatten();
+    if !logs && tensorboard.is_none() {
+        return Ok(None);
+    }
+    let device = t.device.clone().without_autodiff();
+    let peak = peak::resolve(
+        cfg.metrics.peak_tflops,
+        &cfg.training.device,
+        &device,
+        &cfg.training.mixed_precision_param,
+        ranks_sharing_device(t),
+    );
+    let flops_per_token = t.args.flops_per_token(cfg.training.seq_len as usize);
+    let sinks = Sinks {
+        console: logs,
+        color: console::stdout_color(cfg.metrics.disable_color_printing),
+        jsonl: logs,
+        tensorboard,
     };
+    let log = MetricsLogger::new(dump, sinks, cfg.metrics.log_freq as u64, t.step, steps, flops_per_token, peak)?;
+    if !logs {
+        return Ok(Some(log));
+    }
     let dp = t.rank.dp_degree;
     let shard = t.rank.fsdp.as_ref().map_or(1, |g| g.size());
     let tp = match &t.rank.tp {
@@ -103,7 +169,7 @@ fn start_logging(t: &Trainer, dump: &std::path::Path, steps: u64) -> Result<Metr
         String::new()
     };
     println!(
-        "training steps {}..={steps}: {} tokens/step on {dp} data-parallel rank(s) (replicate {} × shard {shard}){tp}{pp}, {} microbatch(es) of {}×{} per rank, peak {peak:.3} TFLOP/s for MFU",
+        "training steps {}..={steps}: {} tokens/step on {dp} data-parallel rank(s) (replicate {} × shard {shard}){tp}{pp}, {} microbatch(es) of {}×{} per rank",
         t.step + 1,
         t.tokens_per_step(),
         dp / shard,
@@ -111,8 +177,28 @@ fn start_logging(t: &Trainer, dump: &std::path::Path, steps: u64) -> Result<Metr
         cfg.training.local_batch_size,
         cfg.training.seq_len
     );
-    let flops_per_token = t.args.flops_per_token(cfg.training.seq_len as usize);
-    MetricsLogger::new(dump, cfg.metrics.log_freq as u64, t.step, steps, flops_per_token, peak)
+    match &log.peak {
+        Some(p) => println!("MFU per rank against {:.3} TFLOP/s: {}", p.tflops, p.how),
+        None => println!(
+            "MFU not reported: {:?} is not in the GPU peak table; set `metrics.peak_tflops`",
+            crate::device::selected_adapter().unwrap_or_default()
+        ),
+    }
+    if let Some(f) = log.tensorboard_file() {
+        println!("TensorBoard: {} (tensorboard --logdir {})", f.display(), dump.join(&cfg.metrics.save_tb_folder).display());
+    }
+    Ok(Some(log))
+}
+
+/// Draws the training curves next to the metrics (the logging rank, when enabled).
+fn save_plot(cfg: &JobConfig, log: &MetricsLogger, dump: &std::path::Path) -> Result<Option<String>> {
+    if !cfg.metrics.save_loss_curve || log.history.is_empty() {
+        return Ok(None);
+    }
+    let png = dump.join("loss_curve.png");
+    let title = format!("titan-rs · {}/{} · {}", cfg.model.name, cfg.model.flavor, cfg.job.description);
+    let summary = log.plot(&png, title.trim_end_matches(" · "))?;
+    Ok(Some(format!("{} ({summary})", png.display())))
 }
 
 /// One rank's training loop. Every rank runs the same steps, validation and checkpoint calls
@@ -151,42 +237,78 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
         }
         return Ok(Summary { last_step: t.step, final_loss: None, final_val_loss: None });
     }
-    let mut log = if logs { Some(start_logging(&t, &dump, steps)?) } else { None };
-    let mut final_val = None;
+    let mut log = start_logging(&t, &dump, steps, logs)?;
+    let console = |log: &Option<MetricsLogger>, line: &str| {
+        if let Some(l) = log.as_ref().filter(|_| logs) {
+            l.note(line);
+        }
+    };
+    let (mut final_val, mut final_loss) = (None, None);
 
     while t.step < steps {
-        let s = t.train_step()?;
-        let step = s.step;
+        let step = t.step + 1;
+        let profiled = trace::should_profile(&cfg, step);
+        if profiled {
+            titan_profiling::start(t.rank.world_rank, trace::rank_label(&t.rank));
+        }
+        let s = {
+            let _span = titan_profiling::span("step", "step").arg("step", step);
+            t.train_step()?
+        };
+        final_loss = Some(s.loss);
         if let Some(log) = log.as_mut() {
             log.step(&s)?;
         }
         if t.validation_enabled() && (step % cfg.validation.freq as u64 == 0 || step == steps) {
-            let (v, n) = t.validate()?;
+            let (v, n) = {
+                let _span = titan_profiling::span("validation", "validation");
+                t.validate()?
+            };
             if let Some(log) = log.as_mut() {
                 log.validation(step, v, n)?;
             }
             final_val = Some(v);
         }
         if cfg.checkpoint.enable && (step % cfg.checkpoint.interval as u64 == 0 || step == steps) {
-            if let (Some(dir), Some(log)) = (t.save_checkpoint()?, log.as_ref()) {
-                log.note(&format!("saved checkpoint {}", dir.display()));
+            let saved = {
+                let _span = titan_profiling::span("checkpoint", "checkpoint");
+                t.save_checkpoint()?
+            };
+            if let Some(dir) = saved {
+                console(&log, &format!("saved checkpoint {}", dir.display()));
+            }
+            if let Some(png) = log.as_ref().filter(|_| logs).map(|l| save_plot(&cfg, l, &dump)).transpose()?.flatten() {
+                console(&log, &format!("training curves: {png}"));
+            }
+        }
+        if profiled {
+            if let Some(path) = trace::write_recording(&cfg, step)? {
+                console(&log, &format!("step trace: {}", path.display()));
             }
         }
         if cfg.debug.stop_at_step == step as i64 {
-            if let Some(log) = log.as_ref() {
-                log.note(&format!("stopping after step {step} (debug.stop_at_step)"));
-            }
+            console(&log, &format!("stopping after step {step} (debug.stop_at_step)"));
             break;
         }
     }
-    let Some(log) = log else {
-        return Ok(Summary { last_step: t.step, final_loss: None, final_val_loss: None });
+    let Some(log) = log.filter(|_| logs) else {
+        return Ok(Summary { last_step: t.step, final_loss, final_val_loss: final_val });
     };
     log.finish();
-    if cfg.metrics.save_loss_curve {
-        let png = dump.join("loss_curve.png");
-        let ranges = crate::plot::loss_curve(&png, &log.history, &log.val_history)?;
-        println!("loss curve: {} ({ranges})", png.display());
+    if let Some(png) = save_plot(&cfg, &log, &dump)? {
+        println!("training curves: {png}");
     }
     Ok(Summary { last_step: t.step, final_loss: log.history.last().map(|h| h.1), final_val_loss: final_val })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_stamp_is_the_calendar_date_and_time() {
+        assert_eq!(super::utc_stamp(0), "19700101-0000");
+        // 2026-12-04 00:16:51 UTC
+        assert_eq!(super::utc_stamp(1_796_343_411), "20261204-0016");
+        // 2024-02-29 23:59 UTC (leap day)
+        assert_eq!(super::utc_stamp(1_709_251_140), "20240229-2359");
+    }
 }

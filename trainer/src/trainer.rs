@@ -252,7 +252,10 @@ impl Trainer {
         titan_parallel::comm::timing::take_seconds();
         let step = self.step + 1;
         let lr = self.schedule.lr(step);
-        let microbatches = self.loader.next_step();
+        let microbatches = {
+            let _span = titan_profiling::span("data", "data");
+            self.loader.next_step()
+        };
         let local_tokens: usize = microbatches.iter().map(Batch::num_tokens).sum();
         // Every rank's batch has the same shape, so the global token count is known up front.
         let total_tokens = local_tokens * self.rank.dp_degree;
@@ -274,14 +277,20 @@ impl Trainer {
             busy += out.busy.as_secs_f64();
         }
         let pipeline_seconds = pipeline_start.elapsed().as_secs_f64();
-        self.placement.reduce_gradients(&self.model, &mut acc, &self.rank)?;
+        {
+            let _span = titan_profiling::span("gradient reduction", "comm");
+            self.placement.reduce_gradients(&self.model, &mut acc, &self.rank)?;
+        }
         // The loss lives on the last pipeline stage of every data-parallel rank.
         for group in [&self.rank.dp, &self.rank.pp].into_iter().flatten() {
             let mut l = [loss_sum as f32];
             group.all_reduce(&mut l, ReduceOp::Sum)?;
             loss_sum = l[0] as f64;
         }
-        let grad_norm = self.placement.grad_norm(&self.model, &acc, &self.rank)?;
+        let grad_norm = {
+            let _span = titan_profiling::span("grad norm", "optimizer");
+            self.placement.grad_norm(&self.model, &acc, &self.rank)?
+        };
         if !loss_sum.is_finite() || !grad_norm.is_finite() {
             let last = self.checkpoints.latest().ok().flatten();
             bail!(
@@ -292,7 +301,10 @@ impl Trainer {
         }
         let scale = grads::clip_coefficient(grad_norm, self.cfg.training.max_norm);
         let model = std::mem::replace(&mut self.model, RankModel { chunks: Vec::new() });
-        self.model = self.optim.step(model, acc, lr, scale);
+        self.model = {
+            let _span = titan_profiling::span("optimizer", "optimizer");
+            self.optim.step(model, acc, lr, scale)
+        };
         self.step = step;
         Ok(StepStats {
             step,

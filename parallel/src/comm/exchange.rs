@@ -104,19 +104,19 @@ pub fn barrier(ex: &impl Exchange) -> CommResult<()> {
 macro_rules! exchange_collectives {
     () => {
         fn all_reduce_bytes(&self, buf: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
-            $crate::comm::timing::timed(|| exchange::all_reduce(self, buf, dtype, op))
+            $crate::comm::timing::timed("all_reduce", buf.len(), self.global_ranks(), || exchange::all_reduce(self, buf, dtype, op))
         }
 
         fn all_gather_bytes(&self, send: &[u8], recv: &mut [u8], dtype: DType) -> CommResult<()> {
-            $crate::comm::timing::timed(|| exchange::all_gather(self, send, recv, dtype))
+            $crate::comm::timing::timed("all_gather", send.len(), self.global_ranks(), || exchange::all_gather(self, send, recv, dtype))
         }
 
         fn reduce_scatter_bytes(&self, send: &[u8], recv: &mut [u8], dtype: DType, op: ReduceOp) -> CommResult<()> {
-            $crate::comm::timing::timed(|| exchange::reduce_scatter(self, send, recv, dtype, op))
+            $crate::comm::timing::timed("reduce_scatter", send.len(), self.global_ranks(), || exchange::reduce_scatter(self, send, recv, dtype, op))
         }
 
         fn broadcast_bytes(&self, buf: &mut [u8], dtype: DType, root: usize) -> CommResult<()> {
-            $crate::comm::timing::timed(|| exchange::broadcast(self, buf, dtype, root))
+            $crate::comm::timing::timed("broadcast", buf.len(), self.global_ranks(), || exchange::broadcast(self, buf, dtype, root))
         }
     };
 }

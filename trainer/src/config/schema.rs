@@ -115,10 +115,26 @@ section!(Checkpoint {
 
 section!(Metrics {
     log_freq: i64 = 10,
-    /// Peak TFLOP/s of one device for MFU; <= 0 = measure a matmul on CPU at start.
+    /// Peak TFLOP/s of one device for MFU; <= 0 = the CPU's arithmetic ceiling (or the GPU
+    /// table by adapter name).
     peak_tflops: f64 = -1.0,
-    /// Write `loss_curve.png` in the dump folder at the end.
+    /// Write `loss_curve.png` (loss, validation loss, lr, grad norm) at each checkpoint and at the end.
     save_loss_curve: bool = true,
+    /// No colour in the console lines even on a terminal (`NO_COLOR` works too).
+    disable_color_printing: bool = false,
+    /// Write TensorBoard event files under `{dump_folder}/{save_tb_folder}/{UTC date-time}`.
+    enable_tensorboard: bool = false,
+    save_tb_folder: String = "tb".into(),
+    /// TensorBoard files from every rank (`rank_N` subfolders), not only the logging rank.
+    save_for_all_ranks: bool = false,
+});
+
+section!(Profiling {
+    /// Record a step trace every `profile_freq` steps.
+    enable_profiling: bool = false,
+    /// Under `job.dump_folder`: `iteration_N/rankR_trace.json` (Chrome trace events).
+    save_traces_folder: String = "profile_traces".into(),
+    profile_freq: i64 = 10,
 });
 
 section!(ActivationCheckpoint {
@@ -163,6 +179,7 @@ section!(
         parallelism: Parallelism = Parallelism::default(),
         checkpoint: Checkpoint = Checkpoint::default(),
         metrics: Metrics = Metrics::default(),
+        profiling: Profiling = Profiling::default(),
         activation_checkpoint: ActivationCheckpoint = ActivationCheckpoint::default(),
         comm: Comm = Comm::default(),
         validation: Validation = Validation::default(),

@@ -138,6 +138,15 @@ pub fn validate(c: &JobConfig) -> Result<()> {
     }
     one_of(&mut e, "checkpoint.async_mode", &k.async_mode, &["disabled"]);
     positive(&mut e, "metrics.log_freq", c.metrics.log_freq);
+    if c.metrics.enable_tensorboard && c.metrics.save_tb_folder.is_empty() {
+        e.push("`metrics.save_tb_folder` must not be empty when `metrics.enable_tensorboard` is on".into());
+    }
+    if c.profiling.enable_profiling {
+        positive(&mut e, "profiling.profile_freq", c.profiling.profile_freq);
+        if c.profiling.save_traces_folder.is_empty() {
+            e.push("`profiling.save_traces_folder` must not be empty".into());
+        }
+    }
     one_of(&mut e, "activation_checkpoint.mode", &c.activation_checkpoint.mode, &["none"]);
     one_of(&mut e, "comm.backend", &c.comm.backend, &["local"]);
     if !(c.comm.timeout_seconds > 0.0) {
