@@ -208,6 +208,12 @@ fn pp2_tp2_step_traces_have_every_kind_of_span() {
         assert!(s0 <= b0 && b1 <= s1 && b1 > b0, "the layer's backward lies inside the step");
         assert_eq!(v["traceEvents"][0]["args"]["name"], format!("rank {rank} (pp {stage}, tp {})", rank % 2));
     }
+    // Throughput is per rank: a step's 4 × 32 tokens are shared by the 4 ranks (TP 2 × PP 2).
+    for r in jsonl(&dump).iter().filter(|r| r.get("loss").is_some()) {
+        let tokens = r["tokens_per_s"].as_f64().unwrap() * r["step_time_s"].as_f64().unwrap() * 4.0;
+        assert!((tokens - 128.0).abs() < 1e-6 * 128.0, "{r}");
+        assert!(r["mfu"].as_f64().unwrap() < 100.0, "{r}");
+    }
     let png = d.path().join("timeline.png");
     let out = assert_ok(&titan(&["trace", "timeline", iter.to_str().unwrap(), "--out", png.to_str().unwrap()]));
     assert!(out.contains("(4 ranks)"), "{out}");

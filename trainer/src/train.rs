@@ -141,6 +141,7 @@ fn start_logging(t: &Trainer, dump: &std::path::Path, steps: u64, logs: bool) ->
         color: console::stdout_color(cfg.metrics.disable_color_printing),
         jsonl: logs,
         tensorboard,
+        ranks_per_batch: t.rank.tp.as_ref().map_or(1, |g| g.size()) * t.layout.split.pp,
     };
     let log = MetricsLogger::new(dump, sinks, cfg.metrics.log_freq as u64, t.step, steps, flops_per_token, peak)?;
     if !logs {
@@ -295,8 +296,11 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
         return Ok(Summary { last_step: t.step, final_loss, final_val_loss: final_val });
     };
     log.finish();
-    if let Some(png) = save_plot(&cfg, &log, &dump)? {
-        println!("training curves: {png}");
+    let plotted_at_last_checkpoint = cfg.checkpoint.enable && t.step == steps;
+    if !plotted_at_last_checkpoint {
+        if let Some(png) = save_plot(&cfg, &log, &dump)? {
+            println!("training curves: {png}");
+        }
     }
     Ok(Summary { last_step: t.step, final_loss: log.history.last().map(|h| h.1), final_val_loss: final_val })
 }

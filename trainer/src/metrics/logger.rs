@@ -47,6 +47,9 @@ pub struct Sinks {
     pub jsonl: bool,
     /// Write TensorBoard events into this folder.
     pub tensorboard: Option<PathBuf>,
+    /// Ranks that share one data-parallel rank's tokens (tensor × pipeline degree): `tps` is
+    /// per rank, so a step's tokens are divided by it (TorchTitan's `non_data_parallel_size`).
+    pub ranks_per_batch: usize,
 }
 
 /// MFU of `tflops` against `peak`. A peak titan-rs obtained itself is raised to any
@@ -76,6 +79,7 @@ pub struct MetricsLogger {
     window_tokens: usize,
     window_seconds: f64,
     window_comm: f64,
+    ranks_per_batch: usize,
     bar: Option<ProgressBar>,
     /// (step, loss), every step.
     pub history: Vec<(u64, f64)>,
@@ -128,6 +132,7 @@ impl MetricsLogger {
             window_tokens: 0,
             window_seconds: 0.0,
             window_comm: 0.0,
+            ranks_per_batch: sinks.ranks_per_batch.max(1),
             bar,
             history: Vec::new(),
             val_history: Vec::new(),
@@ -166,7 +171,7 @@ impl MetricsLogger {
         if s.step % self.log_freq != 0 && s.step != self.total_steps && s.step != 1 {
             return Ok(());
         }
-        let tps = self.window_tokens as f64 / self.window_seconds.max(1e-9);
+        let tps = self.window_tokens as f64 / self.window_seconds.max(1e-9) / self.ranks_per_batch as f64;
         let tflops = tps * self.flops_per_token / 1e12;
         let (mfu, raised) = mfu(tflops, &mut self.peak);
         if raised {

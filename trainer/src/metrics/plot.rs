@@ -83,7 +83,12 @@ fn panel(
         .y_desc(y_desc)
         .label_style(("sans-serif", 14))
         .axis_desc_style(("sans-serif", 16))
-        .y_label_formatter(&|v| if v.abs() < 1e-2 && *v != 0.0 { format!("{v:.1e}") } else { format!("{v:.3}") })
+        .y_label_formatter(&|v| match v.abs() {
+            a if a >= 100.0 => format!("{v:.0}"),
+            a if a >= 1.0 || a == 0.0 => format!("{v:.2}"),
+            a if a >= 1e-2 => format!("{v:.3}"),
+            _ => format!("{v:.1e}"),
+        })
         .x_label_formatter(&|v| format!("{v:.0}"))
         .draw()
         .map_err(|e| err(&e))?;

@@ -141,29 +141,25 @@ pub fn timeline(dir: &Path, out: &Path) -> Result<usize> {
     let root = BitMapBackend::new(out, (1400, height)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let ms = ((t1 - t0) / 1e3).max(1e-3);
+    let legend_width = 150;
     let mut chart = ChartBuilder::on(&root)
         .caption(format!("step trace: {}", dir.display()), ("sans-serif", 20))
         .margin(10)
+        .margin_right(legend_width + 10)
         .x_label_area_size(40)
-        .y_label_area_size(170)
+        .y_label_area_size(190)
         .build_cartesian_2d(0.0..ms, rows..0.0)
         .map_err(|e| err(&e))?;
-    let labels: Vec<String> = ranks.iter().map(|r| r.0.clone()).collect();
     let band = (depth + 1) as f64;
     chart
         .configure_mesh()
         .disable_y_mesh()
+        .disable_y_axis()
         .x_desc("milliseconds since the first span")
-        .y_labels(ranks.len() * 2 + 1)
-        .y_label_formatter(&|y| {
-            let i = (*y / band).floor() as usize;
-            let centre = (y / band).fract();
-            if (0.3..0.7).contains(&centre) { labels.get(i).cloned().unwrap_or_default() } else { String::new() }
-        })
         .label_style(("sans-serif", 13))
         .draw()
         .map_err(|e| err(&e))?;
-    for (i, (_, spans)) in ranks.iter().enumerate() {
+    for (i, (label, spans)) in ranks.iter().enumerate() {
         let base = i as f64 * band;
         chart
             .draw_series(spans.iter().filter(|s| s.depth < depth).map(|s| {
@@ -172,22 +168,15 @@ pub fn timeline(dir: &Path, out: &Path) -> Result<usize> {
                 Rectangle::new([(x0, y + 0.08), (x1.max(x0 + ms * 5e-4), y + 0.92)], category_color(&s.cat).filled())
             }))
             .map_err(|e| err(&e))?;
+        let (_, py) = chart.backend_coord(&(0.0, base + band / 2.0 - 0.5));
+        root.draw(&Text::new(label.clone(), (12, py - 7), ("sans-serif", 14))).map_err(|e| err(&e))?;
     }
-    for cat in CATEGORIES {
-        chart
-            .draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())
-            .map_err(|e| err(&e))?
-            .label(cat)
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], category_color(cat).filled()));
+    let x = 1400 - legend_width as i32;
+    for (i, cat) in CATEGORIES.iter().enumerate() {
+        let y = 60 + 20 * i as i32;
+        root.draw(&Rectangle::new([(x, y), (x + 14, y + 12)], category_color(cat).filled())).map_err(|e| err(&e))?;
+        root.draw(&Text::new(cat.to_string(), (x + 20, y - 1), ("sans-serif", 13))).map_err(|e| err(&e))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .label_font(("sans-serif", 12))
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| err(&e))?;
     root.present().map_err(|e| err(&e))?;
     Ok(ranks.len())
 }
