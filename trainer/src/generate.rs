@@ -3,7 +3,8 @@
 use crate::config::load_config;
 use crate::paths;
 use crate::state::load_model_tensors;
-use crate::trainer::{build_model, to_tensor_2d};
+use crate::pipeline::to_tensor_2d;
+use crate::trainer::build_model;
 use anyhow::{anyhow, bail, Context, Result};
 use burn::prelude::*;
 use rand::{Rng, SeedableRng};

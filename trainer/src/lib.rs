@@ -1,19 +1,26 @@
-//! titan-rs: LLM pre-training on Burn. This crate is the trainer: config, train loop, metrics,
-//! checkpoint glue, text generation and benchmarks. The binary is `titan-rs`.
+//! titan-rs: LLM pre-training on Burn. This crate is the trainer; the binary is `titan-rs`.
+//!
+//! * [`config`]: the TOML schema, loading with overrides, validation.
+//! * [`train`] (the loop, top to bottom), [`trainer`] (one rank's state and step),
+//!   [`pipeline`] (the schedule runner), [`parallelize`] (applying the parallelisms),
+//!   [`rank`] (this rank's mesh place and model stages), [`optim`] (AdamW, LR schedule,
+//!   gradients), [`state`] (checkpoint glue), [`plan`] (`titan-rs plan`).
+//! * [`metrics`]: console, `metrics.jsonl`, MFU peak, TensorBoard, plots, step traces.
+//! * [`bench`]: `titan-rs bench train | kernels | comm`.
+//! * [`generate`], [`device`], [`paths`], [`alloc`].
 
 pub mod alloc;
 pub mod bench;
 pub mod config;
 pub mod device;
 pub mod generate;
-pub mod grads;
-pub mod lr_schedule;
 pub mod metrics;
 pub mod optim;
 pub mod parallelize;
 pub mod paths;
 pub mod pipeline;
 pub mod plan;
+pub mod rank;
 pub mod state;
 pub mod train;
 pub mod trainer;

@@ -3,10 +3,9 @@
 //! then FSDP over the TP-local parameters. The same placement turns full tensors (checkpoints)
 //! into this rank's pieces and back, computes the loss, and completes gradients and their norm.
 
-use crate::grads;
-use crate::pipeline::RankModel;
+use crate::optim::grads;
 use crate::state;
-use crate::trainer::RankContext;
+use crate::rank::{RankContext, RankModel};
 use anyhow::Result;
 use burn::module::ParamId;
 use burn::optim::GradientsParams;

@@ -6,9 +6,9 @@
 //! gradient of its output (`(y · dy).sum().backward()`, the vector-Jacobian product), and the
 //! parameter gradients of all microbatches are accumulated.
 
-use crate::grads;
+use crate::optim::grads;
 use crate::parallelize::Placement;
-use crate::trainer::{to_tensor_2d, RankContext};
+use crate::rank::{RankContext, RankModel};
 use anyhow::{bail, Result};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
@@ -22,11 +22,9 @@ use titan_parallel::pp::schedule::{check_microbatches, rank_actions};
 use titan_parallel::pp::{Action, Schedule, StageSplit};
 use titan_parallel::{CommExt, Communicator};
 
-/// The pipeline stages on this rank (`chunks[c]` is stage `c·pp + pp_rank`); one chunk holding
-/// the whole model without pipeline parallelism.
-#[derive(Module, Debug)]
-pub struct RankModel {
-    pub chunks: Vec<Transformer>,
+/// Token ids `v` as a `[b, t]` tensor.
+pub fn to_tensor_2d(v: &[i64], b: usize, t: usize, device: &Device) -> Tensor<2, Int> {
+    Tensor::from_data(TensorData::new(v.to_vec(), [b, t]), device)
 }
 
 /// Where this rank sits in the pipeline, and how it runs a step.

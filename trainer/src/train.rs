@@ -2,7 +2,8 @@
 
 use crate::config::{to_toml, JobConfig};
 use crate::metrics::{console, peak, trace, MetricsLogger, Sinks};
-use crate::trainer::{RankContext, Trainer};
+use crate::rank::RankContext;
+use crate::trainer::Trainer;
 use anyhow::{anyhow, bail, Result};
 use std::path::PathBuf;
 use std::time::Duration;

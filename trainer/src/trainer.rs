@@ -2,11 +2,12 @@
 //! step, validation, checkpoint.
 
 use crate::config::{to_toml, JobConfig};
-use crate::grads;
-use crate::lr_schedule::LrSchedule;
+use crate::optim::grads;
+use crate::optim::LrSchedule;
 use crate::optim::{AdamW, AdamWConfig};
 use crate::parallelize::{parallelize_llama, Placement};
-use crate::pipeline::{forward_only, gather_stages, run_schedule, RankLayout, RankModel, StepInputs};
+use crate::pipeline::{forward_only, gather_stages, run_schedule, RankLayout, StepInputs};
+use crate::rank::{RankContext, RankModel};
 use crate::{paths, state};
 use anyhow::{anyhow, bail, Context, Result};
 use burn::optim::GradientsParams;
@@ -19,8 +20,7 @@ use std::time::Instant;
 use titan_checkpoints::{load_tensors, save_tensors, CheckpointFolder, CheckpointReader};
 use titan_data::{tokenize_corpus, Batch, DataLoader, LoaderConfig, LoaderState, Tokenizer, ValidationBatches};
 use titan_models::{ModelArgs, Transformer};
-use titan_parallel::registry::{register, GroupHandle};
-use titan_parallel::{CommExt, Communicator, MeshGroups, ReduceOp};
+use titan_parallel::{CommExt, ReduceOp};
 
 /// What one optimizer step did.
 #[derive(Debug, Clone, Serialize)]
@@ -54,45 +54,6 @@ struct TrainState {
     /// the loader state are the complete RNG state.
     seed: u64,
     flavor: String,
-}
-
-/// This rank's place on the mesh. Groups are `None` where their axis has size 1.
-pub struct RankContext {
-    pub world_rank: usize,
-    pub dp_rank: usize,
-    pub dp_degree: usize,
-    /// Every data-parallel rank (the loss sum).
-    pub dp: Option<Box<dyn Communicator>>,
-    /// Ranks with the same parameters (DDP; HSDP across shard groups): gradient all-reduce.
-    pub replicate: Option<Box<dyn Communicator>>,
-    /// The FSDP shard group, registered for the differentiable collectives on this thread.
-    pub fsdp: Option<GroupHandle>,
-    /// The tensor-parallel group, registered likewise.
-    pub tp: Option<GroupHandle>,
-    /// The pipeline stage index and group (point-to-point between stages).
-    pub pp_rank: usize,
-    pub pp: Option<Box<dyn Communicator>>,
-}
-
-impl RankContext {
-    pub fn single() -> Self {
-        Self::new(MeshGroups::single())
-    }
-
-    /// Must be called on the rank's own thread (the FSDP and TP groups are registered there).
-    pub fn new(g: MeshGroups) -> Self {
-        Self {
-            world_rank: g.world_rank,
-            dp_rank: g.dp_rank,
-            dp_degree: g.dp_degree,
-            dp: g.dp,
-            replicate: g.replicate,
-            fsdp: g.shard.map(register),
-            tp: g.tp.map(register),
-            pp_rank: g.pp_rank,
-            pp: g.pp,
-        }
-    }
 }
 
 pub struct Trainer {
@@ -160,10 +121,6 @@ fn compute_dtype(name: &str, device: &Device, device_name: &str) -> Result<Optio
         );
     }
     Ok(Some(dtype))
-}
-
-pub fn to_tensor_2d(v: &[i64], b: usize, t: usize, device: &Device) -> Tensor<2, Int> {
-    Tensor::from_data(TensorData::new(v.to_vec(), [b, t]), device)
 }
 
 impl Trainer {

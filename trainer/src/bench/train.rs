@@ -3,7 +3,8 @@
 
 use crate::config::JobConfig;
 use crate::metrics::peak;
-use crate::trainer::{RankContext, StepStats, Trainer};
+use crate::rank::RankContext;
+use crate::trainer::{StepStats, Trainer};
 use anyhow::{anyhow, bail, Context, Result};
 use std::time::Duration;
 use titan_parallel::{run_ranks_or_exit, MeshGroups};

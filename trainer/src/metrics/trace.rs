@@ -7,7 +7,7 @@
 //! in Perfetto or `chrome://tracing`). [`timeline`] draws an iteration's files as one picture.
 
 use crate::config::JobConfig;
-use crate::trainer::RankContext;
+use crate::rank::RankContext;
 use anyhow::{anyhow, bail, Context, Result};
 use plotters::prelude::*;
 use serde_json::Value;

@@ -1,0 +1,54 @@
+//! This rank: its place on the mesh (the groups it communicates in) and the part of the model
+//! it holds. Shared by the parallelisms (`parallelize`), the pipeline runner and the trainer.
+
+use burn::prelude::*;
+use titan_models::Transformer;
+use titan_parallel::registry::{register, GroupHandle};
+use titan_parallel::{Communicator, MeshGroups};
+
+/// The pipeline stages on this rank (`chunks[c]` is stage `c·pp + pp_rank`); one chunk holding
+/// the whole model without pipeline parallelism.
+#[derive(Module, Debug)]
+pub struct RankModel {
+    pub chunks: Vec<Transformer>,
+}
+
+/// This rank's place on the mesh. Groups are `None` where their axis has size 1.
+pub struct RankContext {
+    pub world_rank: usize,
+    pub dp_rank: usize,
+    pub dp_degree: usize,
+    /// Every data-parallel rank (the loss sum).
+    pub dp: Option<Box<dyn Communicator>>,
+    /// Ranks with the same parameters (DDP; HSDP across shard groups): gradient all-reduce.
+    pub replicate: Option<Box<dyn Communicator>>,
+    /// The FSDP shard group, registered for the differentiable collectives on this thread.
+    pub fsdp: Option<GroupHandle>,
+    /// The tensor-parallel group, registered likewise.
+    pub tp: Option<GroupHandle>,
+    /// The pipeline stage index and group (point-to-point between stages).
+    pub pp_rank: usize,
+    pub pp: Option<Box<dyn Communicator>>,
+}
+
+impl RankContext {
+    pub fn single() -> Self {
+        Self::new(MeshGroups::single())
+    }
+
+    /// Must be called on the rank's own thread (the FSDP and TP groups are registered there).
+    pub fn new(g: MeshGroups) -> Self {
+        Self {
+            world_rank: g.world_rank,
+            dp_rank: g.dp_rank,
+            dp_degree: g.dp_degree,
+            dp: g.dp,
+            replicate: g.replicate,
+            fsdp: g.shard.map(register),
+            tp: g.tp.map(register),
+            pp_rank: g.pp_rank,
+            pp: g.pp,
+        }
+    }
+}
+
