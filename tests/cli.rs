@@ -170,3 +170,22 @@ fn a_device_this_build_lacks_is_a_clear_error() {
     let o = run(&tiny_args(d.path(), 1), &["--training.device", "tpu"]);
     assert_clean_error(&o, &["`training.device`", "\"cpu\""]);
 }
+
+/// The 8B flavor on this machine: parameters, gradients and AdamW moments alone need ≈ 120 GiB,
+/// so `train` stops within seconds with the breakdown (it used to be OOM-killed); `plan` shows
+/// a layout whose per-rank total fits an 80 GiB GPU.
+#[test]
+fn a_model_that_cannot_fit_is_refused_before_anything_is_allocated() {
+    let d = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let o = run(&tiny_args(d.path(), 1), &["--model.flavor", "8B"]);
+    let err = assert_clean_error(&o, &["`model.flavor` = \"8B\" does not fit", "AdamW moments", "`training.memory_check = false`"]);
+    assert!(started.elapsed().as_secs() < 30, "took {:?}: {err}", started.elapsed());
+    let plan = assert_ok(&titan(&[
+        "plan", "--config", "configs/llama_debug.toml", "--model.flavor", "8B",
+        "--parallelism.data_parallel_shard_degree", "8", "--parallelism.tensor_parallel_degree", "2",
+    ]));
+    let line = plan.lines().find(|l| l.trim_start().starts_with("pp rank 0:")).unwrap_or_else(|| panic!("{plan}"));
+    let gib: f64 = line.split_whitespace().nth(3).unwrap().parse().unwrap();
+    assert!(gib > 5.0 && gib < 80.0, "{line}");
+}

@@ -4,7 +4,7 @@
 //! * [`train`] (the loop, top to bottom), [`trainer`] (one rank's state and step),
 //!   [`pipeline`] (the schedule runner), [`parallelize`] (applying the parallelisms),
 //!   [`rank`] (this rank's mesh place and model stages), [`optim`] (AdamW, LR schedule,
-//!   gradients), [`state`] (checkpoint glue), [`plan`] (`titan-rs plan`).
+//!   gradients), [`state`] (checkpoint glue), [`plan`] (`titan-rs plan`), [`memory`] (will it fit?).
 //! * [`metrics`]: console, `metrics.jsonl`, MFU peak, TensorBoard, plots, step traces.
 //! * [`bench`]: `titan-rs bench train | kernels | comm`.
 //! * [`generate`], [`device`], [`paths`], [`alloc`].
@@ -14,6 +14,7 @@ pub mod bench;
 pub mod config;
 pub mod device;
 pub mod generate;
+pub mod memory;
 pub mod metrics;
 pub mod optim;
 pub mod parallelize;

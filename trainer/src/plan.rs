@@ -36,6 +36,20 @@ pub fn plan(cfg: &JobConfig) -> Result<String> {
         }
         let _ = writeln!(out, "  stage {s} on pp rank {}: {}", layout.split.rank_of_stage(s), what.join(" + "));
     }
+    let _ = writeln!(out, "memory per rank, at least (float32; activations, buffers and workspace come on top):");
+    for r in 0..pp {
+        let m = crate::memory::rank_static_bytes(cfg, &args, &dims, r)?;
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let _ = writeln!(
+            out,
+            "  pp rank {r}: {:.3} GiB = parameters {:.3} + gradients {:.3} + AdamW moments {:.3} + FSDP-gathered parameters {:.3}",
+            gib(m.total()),
+            gib(m.params),
+            gib(m.grads),
+            gib(m.optimizer),
+            gib(m.gathered)
+        );
+    }
     if pp == 1 {
         let _ =
             writeln!(out, "no pipeline parallelism (`parallelism.pipeline_parallel_degree` = 1): one stage, no bubble");

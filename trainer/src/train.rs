@@ -33,6 +33,7 @@ pub fn run(cfg: JobConfig, log_rank: usize, nproc: Option<usize>) -> Result<Summ
     if log_rank >= world {
         bail!("--log-rank {log_rank}: there are only {world} rank(s)");
     }
+    crate::memory::check_fits(&cfg, &dims, None)?;
     if world == 1 {
         return run_rank(cfg, RankContext::single(), log_rank);
     }
@@ -63,6 +64,7 @@ fn run_mpi(cfg: JobConfig, log_rank: usize) -> Result<Summary> {
         if log_rank >= dims.world_size {
             bail!("--log-rank {log_rank}: there are only {} rank(s)", dims.world_size);
         }
+        crate::memory::check_fits(&cfg, &dims, Some(ranks_on_this_host()))?;
         let groups = MeshGroups::new(&comm, &dims)?;
         run_rank(cfg, RankContext::new(groups), log_rank)
     })
@@ -73,14 +75,19 @@ fn run_mpi(_cfg: JobConfig, _log_rank: usize) -> Result<Summary> {
     bail!("started by an MPI launcher, but this titan-rs was built without MPI; rebuild with `cargo build --release -p titan-rs --features mpi` (needs Debian's openmpi-bin libopenmpi-dev libclang-dev)")
 }
 
+/// Under an MPI launcher, the ranks it placed on this host (1 if it does not say).
+fn ranks_on_this_host() -> usize {
+    ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok()?.parse::<usize>().ok())
+        .unwrap_or(1)
+}
+
 /// Ranks that compute on this rank's device: thread ranks share this process's cores (or its
 /// GPU); under MPI, the ranks the launcher placed on this host.
 fn ranks_sharing_device(t: &Trainer) -> usize {
     if titan_parallel::under_mpi_launcher() {
-        ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"]
-            .iter()
-            .find_map(|k| std::env::var(k).ok()?.parse::<usize>().ok())
-            .unwrap_or(1)
+        ranks_on_this_host()
     } else {
         t.cfg.parallelism.dims(None).map(|d| d.world_size).unwrap_or(1).max(1)
     }

@@ -81,6 +81,9 @@ section!(Training {
     cache_dir: String = ".cache/titan-rs".into(),
     /// CPU threads for the math (0 = all cores).
     threads: i64 = 0,
+    /// Refuse a job whose parameters, gradients and optimizer state alone exceed the host's
+    /// available memory (CPU), before allocating anything.
+    memory_check: bool = true,
 });
 
 section!(Parallelism {
