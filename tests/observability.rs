@@ -121,6 +121,11 @@ fn tensorboard_event_files_decode_to_the_run_metrics() {
     assert_ok(&o);
     let files = event_files(&dump.join("tb"));
     assert_eq!(files.len(), 2, "{files:?}");
+    // `--parallelism.data_parallel_shard_degree 2` above; with `--nproc 2` and -1 the peak is
+    // shared by the same two thread ranks.
+    let d2 = d.path().join("nproc");
+    let out = assert_ok(&run(&tiny_args(&d2, 1), &["--nproc", "2", "--parallelism.data_parallel_shard_degree", "-1"]));
+    assert!(out.contains("÷ 2 ranks sharing the device"), "{out}");
     for (r, f) in files.iter().enumerate() {
         assert!(f.parent().unwrap().ends_with(format!("rank_{r}")), "{}", f.display());
         let (_, s) = read_scalars(f).unwrap();

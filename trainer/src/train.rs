@@ -89,7 +89,8 @@ fn ranks_sharing_device(t: &Trainer) -> usize {
     if titan_parallel::under_mpi_launcher() {
         ranks_on_this_host()
     } else {
-        t.cfg.parallelism.dims(None).map(|d| d.world_size).unwrap_or(1).max(1)
+        // The world this run has (`dims(None)` would miss ranks that `--nproc` gave a -1 degree).
+        t.rank.dp_degree * t.rank.tp.as_ref().map_or(1, |g| g.size()) * t.layout.split.pp
     }
 }
 

@@ -64,10 +64,9 @@ pub fn bench(mut cfg: JobConfig, warmup: usize, steps: usize) -> Result<BenchRes
     let tps = tokens_per_step as f64 / median.seconds;
     // The whole job's throughput against the whole device (all ranks share it).
     let device = crate::device::select(&cfg.training.device, cfg.training.device_index as usize)?;
-    let peak = peak::resolve(cfg.metrics.peak_tflops, &cfg.training.device, &device, &cfg.training.mixed_precision_param, 1);
+    let mut peak = peak::resolve(cfg.metrics.peak_tflops, &cfg.training.device, &device, &cfg.training.mixed_precision_param, 1);
     let args = titan_models::ModelArgs::flavor(&cfg.model.flavor).expect("validated flavor");
     let tflops = tps * args.flops_per_token(cfg.training.seq_len as usize) / 1e12;
-    let mut peak = peak;
     let (mfu, _) = crate::metrics::logger::mfu(tflops, &mut peak);
     Ok(BenchResult {
         ranks,
