@@ -5,6 +5,7 @@
 
 pub mod args;
 pub mod axes;
+pub mod checkpoint;
 pub mod hooks;
 pub mod init;
 pub mod layers;
@@ -14,6 +15,7 @@ pub mod rope;
 
 pub use args::{ModelArgs, FLAVORS};
 pub use axes::{LogicalAxis, ParamSpec};
+pub use checkpoint::{Checkpointing, Tape};
 pub use hooks::{ActivationHooks, Hooks};
 pub use llama::Transformer;
 

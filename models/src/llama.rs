@@ -5,6 +5,7 @@
 
 use crate::args::ModelArgs;
 use crate::axes::{LogicalAxis, ParamSpec};
+use crate::checkpoint::{Checkpointing, Tape};
 use crate::hooks::Hooks;
 use crate::layers::{Embedding, Linear, RmsNorm};
 use crate::rope::RopeTables;
@@ -237,6 +238,13 @@ impl Transformer {
     /// the first stage, hidden states `[B, T', dim]` after it; logits out of the last stage,
     /// hidden states out of the others.
     pub fn forward_stage(&self, input: StageInput, seq_len: usize) -> Tensor<3> {
+        self.forward_stage_checkpointed(input, seq_len, Checkpointing::None).0
+    }
+
+    /// [`Self::forward_stage`] with the blocks `ac` covers checkpointed: they keep only their
+    /// input, and [`Self::backward_stage`] with the returned tape recomputes them. Without
+    /// autodiff nothing is kept anyway and no block is checkpointed.
+    pub fn forward_stage_checkpointed(&self, input: StageInput, seq_len: usize, ac: Checkpointing) -> (Tensor<3>, Tape) {
         let mut h = match (input, &self.tok_embeddings) {
             (StageInput::Tokens(ids), Some(e)) => self.hooks.embed(e.weight.val(), ids),
             (StageInput::Hidden(h), None) => h,
@@ -247,16 +255,23 @@ impl Transformer {
         }
         let mut rope = RopeTables::new(self.rope_theta, self.head_dim, 0, seq_len, &h.device());
         rope.fused = self.fused_kernels;
+        let mut tape = Tape::new();
+        let autodiff = h.device().is_autodiff();
         for (i, layer) in self.layers.iter().enumerate() {
-            h = traced(|| format!("layers.{}", self.first_layer + i), h, |h| layer.forward(h, &rope, &self.hooks));
+            h = if autodiff && ac.covers(self.first_layer + i) {
+                tape.checkpoint(self, i, h, &rope)
+            } else {
+                traced(|| self.block_name(i), h, |h| layer.forward(h, &rope, &self.hooks))
+            };
         }
-        match (&self.norm, &self.output) {
+        let out = match (&self.norm, &self.output) {
             // Logits in float32 for the loss, whatever the compute type.
             (Some(norm), Some(output)) => traced(|| "output".into(), h, |h| {
                 output.forward(self.hooks.column_input(norm.forward(h))).cast(burn::tensor::FloatDType::F32)
             }),
             _ => h,
-        }
+        };
+        (out, tape)
     }
 
     /// Every parameter with its module path, shape and logical axes, in visiting order.
@@ -270,7 +285,7 @@ impl Transformer {
 /// `f(x)` as the part `name` of the model in step traces: a `{name}.forward` span, and (through
 /// gradient markers on its input and output) a `{name}.backward` span. Without a recording
 /// this is `f(x)`.
-fn traced(name: impl FnOnce() -> String, x: Tensor<3>, f: impl FnOnce(Tensor<3>) -> Tensor<3>) -> Tensor<3> {
+pub(crate) fn traced(name: impl FnOnce() -> String, x: Tensor<3>, f: impl FnOnce(Tensor<3>) -> Tensor<3>) -> Tensor<3> {
     if !titan_profiling::is_active() {
         return f(x);
     }

@@ -6,6 +6,7 @@
 use burn::prelude::*;
 
 /// cos and sin tables of shape `[1, 1, T, head_dim]`, positions `start..start+T`.
+#[derive(Clone)]
 pub struct RopeTables {
     pub cos: Tensor<4>,
     pub sin: Tensor<4>,
@@ -34,6 +35,11 @@ impl RopeTables {
             sin: Tensor::from_data(TensorData::new(sin, shape), device),
             fused: true,
         }
+    }
+
+    /// The same tables off the autodiff graph (for a forward that keeps nothing).
+    pub fn without_autodiff(&self) -> Self {
+        Self { cos: self.cos.clone().inner(), sin: self.sin.clone().inner(), fused: self.fused }
     }
 
     /// Rotates `x` of shape `[B, heads, T, head_dim]`.

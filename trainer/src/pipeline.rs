@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use titan_checkpoints::{load_tensors, save_tensors, TensorMap};
 use titan_data::Batch;
 use titan_models::llama::StageInput;
+use titan_models::{Checkpointing, Tape};
 use titan_models::{ModelArgs, Transformer};
 use titan_parallel::pp::schedule::{check_microbatches, rank_actions};
 use titan_parallel::pp::{Action, Schedule, StageSplit};
@@ -147,9 +148,9 @@ fn layer_of(path: &str) -> Option<(usize, &str)> {
 /// What a forward left for its backward.
 enum Saved {
     /// Last stage: the input leaf (None when it is also stage 0) and the loss.
-    Loss(Option<Tensor<3>>, Tensor<1>),
+    Loss(Option<Tensor<3>>, Tensor<1>, Tape),
     /// Other stages: the input leaf (None on stage 0) and the output.
-    Output(Option<Tensor<3>>, Tensor<3>),
+    Output(Option<Tensor<3>>, Tensor<3>, Tape),
 }
 
 /// One step's data and settings for the pipeline.
@@ -161,6 +162,8 @@ pub struct StepInputs<'a> {
     /// Positions per rank in the hidden states between stages (`seq_len / tp` under SP).
     pub hidden_positions: usize,
     pub dim: usize,
+    /// The blocks that recompute their activations in backward.
+    pub checkpointing: Checkpointing,
 }
 
 /// What running the schedule on one batch produced on this rank.
@@ -267,30 +270,34 @@ pub fn run_schedule(
                     let x = recv(stage, m, stage - 1, false)?.require_grad();
                     (StageInput::Hidden(x.clone()), Some(x))
                 };
-                let y = chunk.forward_stage(input, t);
+                let (y, tape) = chunk.forward_stage_checkpointed(input, t, io.checkpointing);
                 if stage == stages - 1 {
                     let mut loss = placement.loss(y, rows(&io.batch.targets, m)).div_scalar(io.total_tokens as f64);
                     if io.inject_nan {
                         loss = loss.mul_scalar(f64::NAN);
                     }
                     loss_sum += loss.clone().into_scalar::<f32>() as f64;
-                    saved.insert((stage, m), Saved::Loss(x, loss));
+                    saved.insert((stage, m), Saved::Loss(x, loss, tape));
                 } else {
                     wire.send(y.clone(), stage + 1, m, false)?;
-                    saved.insert((stage, m), Saved::Output(x, y));
+                    saved.insert((stage, m), Saved::Output(x, y, tape));
                 }
             }
             Action::Backward { stage, microbatch: m } => {
                 let _span = titan_profiling::span_with(|| format!("backward stage {stage} mb {m}"), "backward");
                 let Some(s) = saved.remove(&(stage, m)) else { bail!("schedule runs backward before forward") };
-                let (x, grads) = match s {
-                    Saved::Loss(x, loss) => (x, loss.backward()),
-                    Saved::Output(x, y) => {
+                let (x, root, tape) = match s {
+                    Saved::Loss(x, loss, tape) => (x, loss, tape),
+                    Saved::Output(x, y, tape) => {
                         // Under mixed precision the stage output is half precision.
                         let dy = recv(stage, m, stage + 1, true)?.cast(y.dtype());
-                        (x, (y * dy).sum().backward())
+                        (x, (y * dy).sum(), tape)
                     }
                 };
+                let chunk = &model.chunks[stage / layout.split.pp];
+                let grads = chunk.backward_stage(root, tape, |g| {
+                    grads::accumulate(model, acc, GradientsParams::from_grads(g, model))
+                });
                 if let Some(x) = x {
                     wire.send(x.grad(&grads).expect("the stage input takes part in the loss"), stage - 1, m, true)?;
                 }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use titan_checkpoints::{load_tensors, save_tensors, CheckpointFolder, CheckpointReader};
 use titan_data::{tokenize_corpus, Batch, DataLoader, LoaderConfig, LoaderState, Tokenizer, ValidationBatches};
-use titan_models::{ModelArgs, Transformer};
+use titan_models::{Checkpointing, ModelArgs, Transformer};
 use titan_parallel::{CommExt, ReduceOp};
 
 /// What one optimizer step did.
@@ -72,6 +72,8 @@ pub struct Trainer {
     pub step: u64,
     /// How the parallelisms split this rank's parameters.
     pub placement: Placement,
+    /// The blocks that recompute their activations in backward (`activation_checkpoint`).
+    pub checkpointing: Checkpointing,
     val_batches: Vec<Batch>,
     checkpoints: CheckpointFolder,
 }
@@ -187,6 +189,7 @@ impl Trainer {
             tokenizer,
             step: 0,
             placement,
+            checkpointing: cfg.activation_checkpoint.policy().map_err(|e| anyhow!(e))?,
             val_batches,
             checkpoints,
             cfg,
@@ -227,6 +230,7 @@ impl Trainer {
                 inject_nan: inject,
                 hidden_positions: self.hidden_positions(),
                 dim: self.args.dim,
+                checkpointing: self.checkpointing,
             };
             let pp = self.rank.pp.as_deref();
             let out = run_schedule(&self.model, &self.layout, &self.placement, pp, &io, &self.device, &mut acc)?;

@@ -45,3 +45,27 @@ impl JobConfig {
         }
     }
 }
+
+impl ActivationCheckpoint {
+    /// The blocks to checkpoint; errors name the key and what is accepted.
+    pub fn policy(&self) -> Result<titan_models::Checkpointing, String> {
+        use titan_models::Checkpointing;
+        match self.mode.as_str() {
+            "none" => Ok(Checkpointing::None),
+            "full" => Ok(Checkpointing::Full),
+            "selective" => match self.selective_ac_option.trim().parse::<usize>() {
+                Ok(n) if n >= 1 => Ok(if n == 1 { Checkpointing::Full } else { Checkpointing::EveryNth(n) }),
+                _ if self.selective_ac_option == "op" => Err(
+                    "`activation_checkpoint.selective_ac_option` = \"op\" is not supported yet; use a block frequency such as \"2\" (every 2nd block), or `activation_checkpoint.mode` = \"full\"".into(),
+                ),
+                _ => Err(format!(
+                    "`activation_checkpoint.selective_ac_option` = {:?} is not a block frequency; use a positive integer N as a string (\"2\": every 2nd block is checkpointed)",
+                    self.selective_ac_option
+                )),
+            },
+            other => Err(format!(
+                "`activation_checkpoint.mode` = {other:?} is not supported; use one of [\"none\", \"full\", \"selective\"]"
+            )),
+        }
+    }
+}

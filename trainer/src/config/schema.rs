@@ -141,8 +141,9 @@ section!(Profiling {
 });
 
 section!(ActivationCheckpoint {
-    /// none
+    /// none | full | selective
     mode: String = "none".into(),
+    /// With `mode = "selective"`: "N" checkpoints every N-th block.
     selective_ac_option: String = "2".into(),
 });
 

@@ -147,7 +147,9 @@ pub fn validate(c: &JobConfig) -> Result<()> {
             e.push("`profiling.save_traces_folder` must not be empty".into());
         }
     }
-    one_of(&mut e, "activation_checkpoint.mode", &c.activation_checkpoint.mode, &["none"]);
+    if let Err(m) = c.activation_checkpoint.policy() {
+        e.push(m);
+    }
     one_of(&mut e, "comm.backend", &c.comm.backend, &["local"]);
     if !(c.comm.timeout_seconds > 0.0) {
         e.push(format!("`comm.timeout_seconds` = {} must be > 0", c.comm.timeout_seconds));
