@@ -36,20 +36,26 @@ pub fn plan(cfg: &JobConfig) -> Result<String> {
         }
         let _ = writeln!(out, "  stage {s} on pp rank {}: {}", layout.split.rank_of_stage(s), what.join(" + "));
     }
-    let _ = writeln!(out, "memory per rank, at least (float32; activations, buffers and workspace come on top):");
+    let ac = cfg.activation_checkpoint.policy().map_err(|e| anyhow!(e))?;
+    let _ = writeln!(
+        out,
+        "memory per rank at the peak of a step ({}, {} × {} tokens per microbatch, {}):",
+        crate::memory::plan::describe(ac),
+        local_batch / layout.microbatches,
+        cfg.training.seq_len,
+        cfg.training.mixed_precision_param
+    );
     for r in 0..pp {
-        let m = crate::memory::rank_static_bytes(cfg, &args, &dims, r)?;
-        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-        let _ = writeln!(
-            out,
-            "  pp rank {r}: {:.3} GiB = parameters {:.3} + gradients {:.3} + AdamW moments {:.3} + FSDP-gathered parameters {:.3}",
-            gib(m.total()),
-            gib(m.params),
-            gib(m.grads),
-            gib(m.optimizer),
-            gib(m.gathered)
-        );
+        let m = crate::memory::rank_memory(cfg, &args, &dims, r)?;
+        let _ = writeln!(out, "  pp rank {r}: {:.3} GiB = {}", crate::memory::gib(m.total()), crate::memory::breakdown(&m));
     }
+    let (host, _) = crate::memory::host_bytes(cfg, &dims, None)?;
+    let _ = writeln!(
+        out,
+        "all {} rank(s) as threads of one process: {:.3} GiB (plus the process's runtime)",
+        dims.world_size,
+        crate::memory::gib(host)
+    );
     if pp == 1 {
         let _ =
             writeln!(out, "no pipeline parallelism (`parallelism.pipeline_parallel_degree` = 1): one stage, no bubble");

@@ -22,6 +22,7 @@ pub struct Summary {
 /// `mpirun`. Rank
 /// `log_rank` prints and writes metrics; rank 0 writes checkpoints.
 pub fn run(cfg: JobConfig, log_rank: usize, nproc: Option<usize>) -> Result<Summary> {
+    crate::memory::record_runtime();
     if cfg.job.print_config {
         println!("{}", to_toml(&cfg));
     }

@@ -202,7 +202,8 @@ impl MetricsLogger {
                 "step": s.step, "loss": s.loss, "grad_norm": s.grad_norm, "lr": s.lr,
                 "tokens_per_s": tps, "tflops": tflops, "mfu": mfu,
                 "peak_tflops": self.peak.as_ref().map(|p| p.tflops), "memory_gib": mem,
-                "peak_memory_gib": peak_mem, "step_time_s": s.seconds, "comm_time_s": s.comm_seconds,
+                "peak_memory_gib": peak_mem, "runtime_memory_gib": crate::memory::runtime_gib(),
+                "step_time_s": s.seconds, "comm_time_s": s.comm_seconds,
                 "param_bytes": s.param_bytes, "optim_bytes": s.optim_bytes,
             });
             writeln!(f, "{line}")?;

@@ -1,0 +1,173 @@
+//! Will it fit? Each rank's memory planned from the config before anything is allocated
+//! ([`plan`]), the check `titan-rs train` runs with it (`training.memory_check`), and the host
+//! totals `titan-rs plan` prints. Thread ranks share one host's memory, so their plans add up.
+
+pub mod plan;
+
+use crate::config::JobConfig;
+use anyhow::{bail, Result};
+pub use plan::{rank_memory, RankMemory};
+use titan_models::ModelArgs;
+use titan_parallel::ParallelDims;
+
+pub fn gib(b: u64) -> f64 {
+    b as f64 / (1u64 << 30) as f64
+}
+
+/// Memory the OS can give this process now (`MemAvailable` of `/proc/meminfo`), in bytes.
+pub fn available_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = info.lines().find(|l| l.starts_with("MemAvailable:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// This process's resident memory now (`VmRSS`), in bytes: the runtime a training process
+/// holds before its model (binary, libraries, threads, tokenized data).
+pub fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: u64 = status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+static RUNTIME: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+
+/// Records this process's resident memory before any rank builds its model (the process's
+/// runtime, which the plan does not count); the first call wins.
+pub fn record_runtime() {
+    RUNTIME.get_or_init(|| resident_bytes().unwrap_or(0));
+}
+
+/// The runtime recorded by [`record_runtime`], in GiB (0 if none was).
+pub fn runtime_gib() -> f64 {
+    gib(RUNTIME.get().copied().unwrap_or(0))
+}
+
+/// The plan of every rank this host runs, and (ranks, plan) per pipeline stage: all ranks when
+/// they are threads (`ranks_here = None`); under MPI, `ranks_here` processes on this host, each
+/// counted at the largest stage's plan (which stages they hold is not known here).
+pub fn host_bytes(cfg: &JobConfig, dims: &ParallelDims, ranks_here: Option<usize>) -> Result<(u64, Vec<(usize, RankMemory)>)> {
+    let args = ModelArgs::flavor(&cfg.model.flavor).expect("validated flavor");
+    let pp = dims.pp.max(1);
+    let per_stage: Vec<RankMemory> = (0..pp).map(|r| rank_memory(cfg, &args, dims, r)).collect::<Result<_>>()?;
+    let ranks_per_stage = dims.world_size / pp;
+    Ok(match ranks_here {
+        Some(local) => {
+            let most = *per_stage.iter().max_by_key(|s| s.total()).expect("at least one stage");
+            (most.total() * local as u64, vec![(local, most)])
+        }
+        None => (
+            per_stage.iter().map(|s| s.total() * ranks_per_stage as u64).sum(),
+            per_stage.iter().map(|s| (ranks_per_stage, *s)).collect(),
+        ),
+    })
+}
+
+/// One line per term of a rank's plan.
+pub fn breakdown(m: &RankMemory) -> String {
+    format!(
+        "parameters {:.3} + gradients {:.3} + AdamW moments {:.3} + max(FSDP-gathered/compute-type weights {:.3} + activations {:.3} ({} microbatch(es) alive × {:.3} per block without checkpointing) + backward working set {:.3} + communication buffers {:.3} + kernel workspace {:.3}, gradient reduction buffers {:.3}) GiB",
+        gib(m.params),
+        gib(m.grads),
+        gib(m.optimizer),
+        gib(m.gathered),
+        gib(m.activations),
+        m.microbatches_alive,
+        gib(m.per_layer),
+        gib(m.backward_working_set),
+        gib(m.comm_buffers),
+        gib(m.workspace),
+        gib(m.reduction_buffers),
+    )
+}
+
+/// Refuses a job whose planned peak exceeds the memory available on this host, with the
+/// breakdown and the levers. `training.memory_check = false` skips it.
+pub fn check_fits(cfg: &JobConfig, dims: &ParallelDims, ranks_here: Option<usize>) -> Result<()> {
+    if !cfg.training.memory_check || cfg.training.device != "cpu" {
+        return Ok(());
+    }
+    let Some(available) = available_bytes() else { return Ok(()) };
+    let (need, per_stage) = host_bytes(cfg, dims, ranks_here)?;
+    if need <= available {
+        return Ok(());
+    }
+    let lines: Vec<String> = per_stage
+        .iter()
+        .enumerate()
+        .map(|(stage, (n, m))| {
+            format!(
+                "    {n} rank(s){} × {:.1} GiB = {}",
+                if per_stage.len() > 1 { format!(" of pipeline stage {stage}") } else { String::new() },
+                gib(m.total()),
+                breakdown(m)
+            )
+        })
+        .collect();
+    let state: u64 = per_stage.iter().map(|(n, m)| *n as u64 * m.state()).sum();
+    let hint = if state > available {
+        "float32 parameters, gradients and AdamW moments alone take 16 bytes per parameter wherever they live; ranks that are threads of one process share its host, so sharding them (FSDP, TP, PP) moves memory between ranks but not off the host. To fit: run the ranks on more hosts (`mpirun` with `parallelism.data_parallel_shard_degree`, `tensor_parallel_degree` or `pipeline_parallel_degree` across them), or choose a smaller `model.flavor`"
+    } else {
+        "to fit: checkpoint activations (`activation_checkpoint.mode` = \"full\", or \"selective\" with `selective_ac_option` = \"2\"), lower `training.local_batch_size` or `training.seq_len`, compute in `training.mixed_precision_param` = \"bfloat16\", use more pipeline microbatches (`parallelism.num_pp_microbatches`, schedule \"1F1B\"), or spread the ranks over more hosts"
+    };
+    bail!(
+        "`model.flavor` = {:?} does not fit: this host's ranks need about {:.1} GiB at the peak of a step and {:.1} GiB is available (MemAvailable):\n{}\n{hint}; `training.memory_check = false` skips this check.",
+        cfg.model.flavor,
+        gib(need),
+        gib(available),
+        lines.join("\n")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(flavor: &str, shard: i64, tp: i64, pp: i64) -> (JobConfig, ParallelDims) {
+        let mut c = JobConfig::default();
+        c.model.flavor = flavor.into();
+        c.parallelism.data_parallel_shard_degree = shard;
+        c.parallelism.tensor_parallel_degree = tp;
+        c.parallelism.pipeline_parallel_degree = pp;
+        let d = c.parallelism.dims(None).unwrap();
+        (c, d)
+    }
+
+    #[test]
+    fn one_rank_holds_16_bytes_per_parameter() {
+        let (c, d) = cfg("debugmodel", 1, 1, 1);
+        let args = ModelArgs::flavor("debugmodel").unwrap();
+        let s = rank_memory(&c, &args, &d, 0).unwrap();
+        let n = args.num_params() as u64;
+        assert_eq!((s.params, s.grads, s.optimizer, s.gathered), (4 * n, 4 * n, 8 * n, 0));
+    }
+
+    #[test]
+    fn sharding_splits_the_state_and_the_host_total_counts_every_rank() {
+        let args = ModelArgs::flavor("debugmodel").unwrap();
+        let n = args.num_params() as u64;
+        let (c, d) = cfg("debugmodel", 2, 2, 2);
+        let stages: Vec<RankMemory> = (0..2).map(|r| rank_memory(&c, &args, &d, r).unwrap()).collect();
+        // 8 ranks, 4 per stage: every parameter is split 4 ways (TP 2 × FSDP 2) except the
+        // norm weights, split by FSDP only (2 copies over TP). Every dimension divides evenly.
+        let norms = ((2 * args.n_layers + 1) * args.dim) as u64;
+        let held: u64 = stages.iter().map(|s| s.params / 4 * 4).sum();
+        assert_eq!(held, n + norms, "{stages:?}");
+        for s in &stages {
+            assert_eq!(s.gathered, 2 * s.params, "FSDP 2: the gathered copy is twice the shard");
+            assert!(s.activations > 0 && s.backward_working_set > 0 && s.comm_buffers > 0 && s.reduction_buffers > 0, "{s:?}");
+        }
+        let (total, _) = host_bytes(&c, &d, None).unwrap();
+        assert_eq!(total, 4 * stages.iter().map(RankMemory::total).sum::<u64>());
+    }
+
+    #[test]
+    fn the_8b_flavor_is_refused_on_a_host_without_128_gib() {
+        let (c, d) = cfg("8B", 1, 1, 1);
+        let (need, _) = host_bytes(&c, &d, None).unwrap();
+        assert!(need > 110 << 30, "8B: {need} bytes");
+        if available_bytes().is_some_and(|a| a < need) {
+            let e = check_fits(&c, &d, None).unwrap_err().to_string();
+            assert!(e.contains("\"8B\" does not fit") && e.contains("AdamW moments") && e.contains("training.memory_check"), "{e}");
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! The memory plan of one rank, from the config alone (nothing is allocated): what the rank
+//! holds at the peak of a training step, term by term.
+//!
+//! * Parameters, gradients, AdamW moments: this rank's pipeline stages, its TP slice, its FSDP
+//!   rows; float32 (masters stay float32 under mixed precision).
+//! * FSDP-gathered parameters: each read of a sharded parameter all-gathers it; a block's
+//!   gathered weights stay alive from its forward to its backward unless the block is
+//!   checkpointed (then only the block being recomputed holds them).
+//! * Activations: what autodiff keeps for backward, per block and per microbatch (below), times
+//!   the microbatches a rank holds at once under its pipeline schedule.
+//! * Backward working set: the logits' gradient on the last stage, one block's activation
+//!   gradients, and with checkpointing the block being recomputed.
+//! * Communication buffers: the gradient reduction's host copies (data parallel), the
+//!   tensor-parallel activation collectives and the pipeline's send/receive buffers.
+//! * Kernel workspace: the attention kernel's per-thread score tiles and the CPU GEMM's packed
+//!   panels.
+//!
+//! What autodiff keeps per block and token (elements of the compute type; `d` model width,
+//! `q`/`kv` the rank's query/key-value width, `f` its FFN width, `h` its heads): the block input
+//! and the residual after attention (`2d`, over `tp` under sequence parallelism), the two norm
+//! outputs the projections read (`2d`), RoPE'd queries and keys and the values (`q + 2kv`, the
+//! attention kernel's saved inputs), the attention output twice (the kernel's copy and the
+//! contiguous copy `wo` reads, `2q`), the FFN's gate, up and `silu · mul` (`3f`), plus the
+//! attention's log-sum-exp (`h`, float32). A checkpointed block keeps its input only. The last
+//! stage keeps the final norm's input and output (`2d`) and float32 logits (`vocab / tp`).
+
+use crate::config::JobConfig;
+use crate::parallelize::tp_split_dim;
+use crate::pipeline::RankLayout;
+use anyhow::{anyhow, Result};
+use burn::prelude::*;
+use titan_models::{Checkpointing, ModelArgs};
+use titan_parallel::pp::schedule::{peak_in_flight, rank_actions};
+use titan_parallel::ParallelDims;
+
+/// One rank's planned bytes at the peak of a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RankMemory {
+    pub params: u64,
+    pub grads: u64,
+    pub optimizer: u64,
+    /// FSDP: gathered full parameters alive at the peak.
+    pub gathered: u64,
+    /// Saved for backward, all microbatches the rank holds at once.
+    pub activations: u64,
+    /// Microbatch-stages whose activations are held at once (pipeline schedule).
+    pub microbatches_alive: usize,
+    /// One microbatch's saved activations of one block without checkpointing.
+    pub per_layer: u64,
+    pub backward_working_set: u64,
+    /// Collective buffers during forward and backward (TP, PP, FSDP gathers).
+    pub comm_buffers: u64,
+    /// The data-parallel gradient reduction's buffers, after backward.
+    pub reduction_buffers: u64,
+    pub workspace: u64,
+}
+
+impl RankMemory {
+    /// Parameters, gradients and optimizer state: held for the whole run.
+    pub fn state(&self) -> u64 {
+        self.params + self.grads + self.optimizer
+    }
+
+    /// The peak: the state, plus the larger of the forward/backward phase and the gradient
+    /// reduction that follows it (activations are freed by then).
+    pub fn total(&self) -> u64 {
+        let compute =
+            self.gathered + self.activations + self.backward_working_set + self.comm_buffers + self.workspace;
+        self.state() + compute.max(self.reduction_buffers)
+    }
+}
+
+/// Element counts of the model as one rank of the mesh sees it.
+struct Widths {
+    d: u64,
+    q: u64,
+    kv: u64,
+    f: u64,
+    heads: u64,
+    vocab: u64,
+    /// Positions of the residual stream per position of the sequence (`1/tp` under SP).
+    residual_share: f64,
+}
+
+impl Widths {
+    fn new(a: &ModelArgs, tp: u64, sp: bool) -> Self {
+        let hd = a.head_dim() as u64;
+        Self {
+            d: a.dim as u64,
+            q: a.n_heads as u64 / tp * hd,
+            kv: (a.n_kv_heads as u64 / tp).max(1) * hd,
+            f: (a.ffn_hidden_dim() as u64).div_ceil(tp),
+            heads: a.n_heads as u64 / tp,
+            vocab: (a.vocab_size as u64).div_ceil(tp),
+            residual_share: if sp && tp > 1 { 1.0 / tp as f64 } else { 1.0 },
+        }
+    }
+
+    /// Bytes one block keeps per token without checkpointing.
+    fn block(&self, elem: u64) -> f64 {
+        let residual = 2.0 * self.d as f64 * self.residual_share;
+        let full = 2 * self.d + self.q + 2 * self.kv + 2 * self.q + 3 * self.f;
+        (residual + full as f64) * elem as f64 + 4.0 * self.heads as f64
+    }
+
+    /// Bytes a checkpointed block keeps per token: its input.
+    fn checkpointed(&self, elem: u64) -> f64 {
+        self.d as f64 * self.residual_share * elem as f64
+    }
+
+    /// Bytes the last stage keeps per token: final norm input and output, float32 logits.
+    fn head(&self, elem: u64) -> f64 {
+        (self.d as f64 * self.residual_share + self.d as f64) * elem as f64 + 4.0 * self.vocab as f64
+    }
+}
+
+/// The plan of pipeline rank `pp_rank` of the mesh `dims`.
+pub fn rank_memory(cfg: &JobConfig, args: &ModelArgs, dims: &ParallelDims, pp_rank: usize) -> Result<RankMemory> {
+    let p = &cfg.parallelism;
+    let local_batch = cfg.training.local_batch_size.max(1) as usize;
+    let layout = RankLayout::new(p, args, local_batch, pp_rank).map_err(|e| anyhow!(e))?;
+    let ac = cfg.activation_checkpoint.policy().map_err(|e| anyhow!(e))?;
+    let (tp, shard, dp) = (dims.tp.max(1) as u64, dims.dp_shard.max(1) as u64, dims.dp_replicate.max(1) as u64);
+    let elem: u64 = if cfg.training.mixed_precision_param == "float32" { 4 } else { 2 };
+    let w = Widths::new(args, tp, p.enable_sequence_parallel);
+    let tokens = (local_batch / layout.microbatches * cfg.training.seq_len as usize) as f64;
+
+    // Lazily initialised: building the stages allocates nothing, it only knows their shapes.
+    let stages = layout.build(args, 0, (true, true), &Device::flex());
+    let (mut local, mut gathered_kept, mut largest_block, mut largest_param) = (0u64, 0u64, 0u64, 0u64);
+    let (mut activations, mut head) = (0.0f64, false);
+    for (chunk, &stage) in stages.chunks.iter().zip(&layout.stages) {
+        let first = layout.split.layers[stage].start;
+        let mut chunk_act = 0.0;
+        for spec in chunk.param_specs() {
+            let mut shape: Vec<u64> = spec.shape.iter().map(|&d| d as u64).collect();
+            if let Some(d) = tp_split_dim(&spec.path).filter(|_| tp > 1) {
+                shape[d] = shape[d].div_ceil(tp);
+            }
+            let full: u64 = shape.iter().product();
+            largest_param = largest_param.max(full);
+            if shard > 1 {
+                shape[0] = shape[0].div_ceil(shard);
+            }
+            local += shape.iter().product::<u64>();
+            let block = block_of(&spec.path).map(|b| first + b);
+            // The compute-type copy a linear keeps of its weight (mixed precision), and the
+            // FSDP-gathered value, live until backward unless the block is checkpointed.
+            let kept = !block.is_some_and(|b| ac.covers(b));
+            let copies = (shard > 1) as u64 * 4 + (elem != 4) as u64 * elem;
+            if kept {
+                gathered_kept += full * copies;
+            }
+            if block == Some(first) {
+                largest_block += full * copies;
+            }
+        }
+        for l in layout.split.layers[stage].clone() {
+            chunk_act += if ac.covers(l) { w.checkpointed(elem) } else { w.block(elem) };
+        }
+        if chunk.output.is_some() {
+            chunk_act += w.head(elem);
+            head = true;
+        }
+        activations = f64::max(activations, chunk_act);
+    }
+    let alive = peak_in_flight(&rank_actions(
+        layout.schedule,
+        layout.split.pp,
+        layout.split.virtual_stages,
+        layout.microbatches,
+        pp_rank,
+    ));
+    let per_layer = (w.block(elem) * tokens) as u64;
+    let any_ckpt = (0..args.n_layers).any(|l| ac.covers(l));
+    // The first backward pass holds the logits' gradient (float32); a recomputed block's
+    // activations are consumed while its gradients are made, so one block's worth at a time,
+    // with its gathered weights. The residual stream's gradient and a few temporaries of its
+    // size run alongside.
+    let dlogits = (head as u64) * (4.0 * w.vocab as f64 * tokens) as u64;
+    let recompute = if any_ckpt { per_layer + largest_block } else { 0 };
+    let working = dlogits.max(recompute) + 4 * (w.d as f64 * tokens) as u64 * elem;
+    // Collectives copy their tensors to host buffers: float32 send and receive copies of the
+    // residual stream (TP: the sequence-parallel all-gather and the reduce-scatter / all-reduce;
+    // PP: a stage's activation and gradient), and of the largest parameter (FSDP's all-gather
+    // of a shard into the full value), during forward and backward; the data-parallel gradient
+    // reduction copies every local gradient once more (plus a bucket) after backward.
+    let residual = 4 * (w.d as f64 * tokens) as u64;
+    let in_step = if tp > 1 { 3 * residual } else { 0 }
+        + if layout.split.pp > 1 { 2 * residual } else { 0 }
+        + if shard > 1 { 2 * 4 * largest_param } else { 0 };
+    let reduction = if dp * shard > 1 { 4 * local + (25 << 20).min(4 * local) } else { 0 };
+    let threads = rayon::current_num_threads() as u64;
+    let workspace = threads * (2 * 64 * 64 * 4 + 2 * (256 * w.d.max(w.f)) * 4);
+    Ok(RankMemory {
+        params: 4 * local,
+        grads: 4 * local,
+        optimizer: 8 * local,
+        gathered: gathered_kept,
+        activations: (activations * tokens) as u64 * alive as u64,
+        microbatches_alive: alive,
+        per_layer,
+        backward_working_set: working,
+        comm_buffers: in_step,
+        reduction_buffers: reduction,
+        workspace,
+    })
+}
+
+/// The block index of a stage parameter path (`layers.I.…`).
+fn block_of(path: &str) -> Option<usize> {
+    path.strip_prefix("layers.")?.split('.').next()?.parse().ok()
+}
+
+/// `Checkpointing` is re-exported for callers describing the plan.
+pub fn describe(ac: Checkpointing) -> &'static str {
+    match ac {
+        Checkpointing::None => "no activation checkpointing",
+        Checkpointing::Full => "every block checkpointed",
+        Checkpointing::EveryNth(_) => "every N-th block checkpointed",
+    }
+}
