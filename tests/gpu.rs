@@ -7,7 +7,8 @@ use common::*;
 /// The tiny model's steps on the wgpu CPU adapter — fused RMSNorm, SwiGLU, RoPE, attention and
 /// cross-entropy kernels — give the flex run's losses and gradient norms. Tolerance 1e-5
 /// relative: the kernels sum in other orders and llvmpipe's `exp` differs from Rust's in the
-/// last bits; measured ≤ 6e-7 over the three steps.
+/// last bits; measured ≤ 6e-7 over the three steps. With `activation_checkpoint.mode = "full"`
+/// the adapter's steps are unchanged bit for bit.
 #[test]
 fn training_on_the_wgpu_adapter_matches_the_cpu_run() {
     let d = tempfile::tempdir().unwrap();
@@ -21,6 +22,10 @@ fn training_on_the_wgpu_adapter_matches_the_cpu_run() {
         3,
     );
     assert_matches("wgpu composed ops vs cpu", &cpu, &reference, 1e-5);
+    // Activation checkpointing on the adapter: the recompute runs the same kernels on the same
+    // values, so the steps equal the run without it.
+    let ac = layout_run(&d.path().join("wgpu-ac"), &format!("{flags} --training.device wgpu --activation_checkpoint.mode full"), 3);
+    assert_eq!(ac, gpu, "wgpu: activation checkpointing changed the steps");
 }
 
 #[test]
