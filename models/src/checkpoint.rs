@@ -13,7 +13,6 @@
 //! crossing a boundary, so each part of the graph is traversed exactly once, as without
 //! checkpointing.
 
-use crate::llama::{traced, Transformer};
 use crate::rope::RopeTables;
 use burn::prelude::*;
 use burn::tensor::Gradients;
@@ -66,40 +65,40 @@ impl Tape {
         self.saved.is_empty()
     }
 
-    /// Runs block `block` of `model` on `x` without keeping anything for backward, saves `x`,
-    /// and returns the output as a new leaf.
-    pub(crate) fn checkpoint(&mut self, model: &Transformer, block: usize, x: Tensor<3>, rope: &RopeTables) -> Tensor<3> {
-        let plain_rope = rope.without_autodiff();
-        let layer = model.layers[block].valid();
-        let y = traced(|| model.block_name(block), x.clone().inner(), |x| layer.forward(x, &plain_rope, &model.hooks));
+    /// Runs `plain_forward` (block `block`) on `x` off the graph with plain RoPE tables, so
+    /// nothing is kept for backward; saves `x` and returns the output as a new leaf.
+    pub(crate) fn checkpoint(
+        &mut self,
+        block: usize,
+        x: Tensor<3>,
+        rope: &RopeTables,
+        plain_forward: impl FnOnce(Tensor<3>, &RopeTables) -> Tensor<3>,
+    ) -> Tensor<3> {
+        let y = plain_forward(x.clone().inner(), &rope.without_autodiff());
         let output = y.autodiff().require_grad();
         self.rope.get_or_insert_with(|| rope.clone());
         self.saved.push(Saved { block, input: x, output: output.clone() });
         output
     }
-}
 
-impl Transformer {
-    /// The backward pass of this stage from `root` (the loss, or `(y · dy).sum()` of the stage
-    /// output), recomputing the checkpointed blocks of `tape`. Every pass but the last hands its
-    /// gradients to `each`; the last pass's gradients are returned (they hold the stage input's
-    /// gradient). Without checkpointed blocks this is `root.backward()`.
-    pub fn backward_stage(&self, root: Tensor<1>, tape: Tape, mut each: impl FnMut(Gradients)) -> Gradients {
+    /// The backward pass from `root`, recomputing each checkpointed block with
+    /// `recompute(block, input, rope)` (last block first). Every pass but the last hands its
+    /// gradients to `each`; the last pass's gradients are returned. Without checkpointed blocks
+    /// this is `root.backward()`.
+    pub(crate) fn backward(
+        self,
+        root: Tensor<1>,
+        mut recompute: impl FnMut(usize, Tensor<3>, &RopeTables) -> Tensor<3>,
+        mut each: impl FnMut(Gradients),
+    ) -> Gradients {
         let mut grads = root.backward();
-        let Some(rope) = tape.rope else { return grads };
-        for s in tape.saved.into_iter().rev() {
+        let Some(rope) = self.rope else { return grads };
+        for s in self.saved.into_iter().rev() {
             let dy = s.output.grad(&grads).expect("a checkpointed block's output takes part in the loss");
             each(grads);
-            let layer = &self.layers[s.block];
-            let _span = titan_profiling::span_with(|| format!("{}.recompute", self.block_name(s.block)), "backward");
-            let y = traced(|| self.block_name(s.block), s.input, |x| layer.forward(x, &rope, &self.hooks));
+            let y = recompute(s.block, s.input, &rope);
             grads = (y * dy).sum().backward();
         }
         grads
-    }
-
-    /// The name of local block `block` in step traces (its global index).
-    pub(crate) fn block_name(&self, block: usize) -> String {
-        format!("layers.{}", self.first_layer + block)
     }
 }

@@ -13,7 +13,7 @@ use burn::module::{ModuleVisitor, Param};
 use burn::prelude::*;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::DType;
+use burn::tensor::{DType, Gradients};
 use std::ops::Range;
 use titan_kernels::{backward_boundary, causal_attention, has_kernels};
 use titan_profiling::Boundary;
@@ -259,7 +259,10 @@ impl Transformer {
         let autodiff = h.device().is_autodiff();
         for (i, layer) in self.layers.iter().enumerate() {
             h = if autodiff && ac.covers(self.first_layer + i) {
-                tape.checkpoint(self, i, h, &rope)
+                tape.checkpoint(i, h, &rope, |x, rope| {
+                    let layer = layer.valid();
+                    traced(|| self.block_name(i), x, |x| layer.forward(x, rope, &self.hooks))
+                })
             } else {
                 traced(|| self.block_name(i), h, |h| layer.forward(h, &rope, &self.hooks))
             };
@@ -274,6 +277,23 @@ impl Transformer {
         (out, tape)
     }
 
+    /// The backward pass of this stage from `root` (the loss, or `(y · dy).sum()` of the stage
+    /// output), recomputing the checkpointed blocks of `tape` (see [`crate::checkpoint`]). Every
+    /// pass but the last hands its gradients to `each`; the last pass's gradients are returned
+    /// (they hold the stage input's gradient).
+    pub fn backward_stage(&self, root: Tensor<1>, tape: Tape, each: impl FnMut(Gradients)) -> Gradients {
+        let recompute = |i: usize, x: Tensor<3>, rope: &RopeTables| {
+            let _span = titan_profiling::span_with(|| format!("{}.recompute", self.block_name(i)), "backward");
+            traced(|| self.block_name(i), x, |x| self.layers[i].forward(x, rope, &self.hooks))
+        };
+        tape.backward(root, recompute, each)
+    }
+
+    /// The name of local block `block` in step traces (its global index).
+    fn block_name(&self, block: usize) -> String {
+        format!("layers.{}", self.first_layer + block)
+    }
+
     /// Every parameter with its module path, shape and logical axes, in visiting order.
     pub fn param_specs(&self) -> Vec<ParamSpec> {
         let mut v = SpecCollector::default();
@@ -285,7 +305,7 @@ impl Transformer {
 /// `f(x)` as the part `name` of the model in step traces: a `{name}.forward` span, and (through
 /// gradient markers on its input and output) a `{name}.backward` span. Without a recording
 /// this is `f(x)`.
-pub(crate) fn traced(name: impl FnOnce() -> String, x: Tensor<3>, f: impl FnOnce(Tensor<3>) -> Tensor<3>) -> Tensor<3> {
+fn traced(name: impl FnOnce() -> String, x: Tensor<3>, f: impl FnOnce(Tensor<3>) -> Tensor<3>) -> Tensor<3> {
     if !titan_profiling::is_active() {
         return f(x);
     }
