@@ -212,11 +212,11 @@ fn block_of(path: &str) -> Option<usize> {
     path.strip_prefix("layers.")?.split('.').next()?.parse().ok()
 }
 
-/// `Checkpointing` is re-exported for callers describing the plan.
-pub fn describe(ac: Checkpointing) -> &'static str {
+/// The activation checkpointing of a plan, in words.
+pub fn describe(ac: Checkpointing) -> String {
     match ac {
-        Checkpointing::None => "no activation checkpointing",
-        Checkpointing::Full => "every block checkpointed",
-        Checkpointing::EveryNth(_) => "every N-th block checkpointed",
+        Checkpointing::None => "no activation checkpointing".into(),
+        Checkpointing::Full => "every block checkpointed".into(),
+        Checkpointing::EveryNth(n) => format!("one block in every {n} checkpointed"),
     }
 }
