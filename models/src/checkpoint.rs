@@ -60,11 +60,6 @@ impl Tape {
         Self { rope: None, saved: Vec::new() }
     }
 
-    /// Whether any block was checkpointed.
-    pub fn is_empty(&self) -> bool {
-        self.saved.is_empty()
-    }
-
     /// Runs `plain_forward` (block `block`) on `x` off the graph with plain RoPE tables, so
     /// nothing is kept for backward; saves `x` and returns the output as a new leaf.
     pub(crate) fn checkpoint(

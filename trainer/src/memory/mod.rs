@@ -14,19 +14,16 @@ pub fn gib(b: u64) -> f64 {
     b as f64 / (1u64 << 30) as f64
 }
 
-/// Memory the OS can give this process now (`MemAvailable` of `/proc/meminfo`), in bytes.
-pub fn available_bytes() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb: u64 = info.lines().find(|l| l.starts_with("MemAvailable:"))?.split_whitespace().nth(1)?.parse().ok()?;
+/// The value in kB of the line `name` (e.g. `"VmRSS:"`) of a `/proc` file, in bytes.
+pub fn proc_bytes(file: &str, name: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(file).ok()?;
+    let kb: u64 = text.lines().find(|l| l.starts_with(name))?.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }
 
-/// This process's resident memory now (`VmRSS`), in bytes: the runtime a training process
-/// holds before its model (binary, libraries, threads, tokenized data).
-pub fn resident_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb: u64 = status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+/// Memory the OS can give this process now (`MemAvailable` of `/proc/meminfo`), in bytes.
+pub fn available_bytes() -> Option<u64> {
+    proc_bytes("/proc/meminfo", "MemAvailable:")
 }
 
 static RUNTIME: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
@@ -34,7 +31,7 @@ static RUNTIME: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
 /// Records this process's resident memory before any rank builds its model (the process's
 /// runtime, which the plan does not count); the first call wins.
 pub fn record_runtime() {
-    RUNTIME.get_or_init(|| resident_bytes().unwrap_or(0));
+    RUNTIME.get_or_init(|| proc_bytes("/proc/self/status", "VmRSS:").unwrap_or(0));
 }
 
 /// The runtime recorded by [`record_runtime`], in GiB (0 if none was).

@@ -13,18 +13,9 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// Resident and peak memory of this process in GiB (Linux `/proc/self/status`).
+/// Resident and peak memory of this process in GiB (Linux `/proc/self/status`; 0 elsewhere).
 pub fn memory_gib() -> (f64, f64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<f64>().ok())
-            .map(|kb| kb / (1024.0 * 1024.0))
-            .unwrap_or(0.0)
-    };
+    let field = |name| crate::memory::gib(crate::memory::proc_bytes("/proc/self/status", name).unwrap_or(0));
     (field("VmRSS:"), field("VmHWM:"))
 }
 
