@@ -24,7 +24,9 @@ struct Manifest {
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
 struct FileEntry {
     bytes: u64,
-    crc32: u32,
+    /// `None` for the rank files of a sharded checkpoint, whose chunks carry their own CRC32
+    /// (so a rank reading a few chunks need not read whole files).
+    crc32: Option<u32>,
 }
 
 /// `{dump_folder}/{checkpoint.folder}`: the set of step checkpoints.
@@ -89,17 +91,19 @@ impl CheckpointFolder {
         }
         for (name, entry) in &m.files {
             let p = dir.join(name);
-            let bytes = fs::read(&p).with_context(|| format!("checkpoint file {} is missing", p.display()))?;
-            if bytes.len() as u64 != entry.bytes {
+            let len = fs::metadata(&p).with_context(|| format!("checkpoint file {} is missing", p.display()))?.len();
+            if len != entry.bytes {
                 bail!(
-                    "checkpoint file {} is truncated or altered: {} bytes, manifest says {}",
+                    "checkpoint file {} is truncated or altered: {len} bytes, manifest says {}",
                     p.display(),
-                    bytes.len(),
                     entry.bytes
                 );
             }
-            if crc32fast::hash(&bytes) != entry.crc32 {
-                bail!("checkpoint file {} is corrupt: CRC32 does not match the manifest", p.display());
+            if let Some(crc) = entry.crc32 {
+                let bytes = fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
+                if crc32fast::hash(&bytes) != crc {
+                    bail!("checkpoint file {} is corrupt: CRC32 does not match the manifest", p.display());
+                }
             }
         }
         Ok(CheckpointReader { dir, files: m.files.into_keys().collect() })
@@ -139,8 +143,18 @@ impl PendingCheckpoint {
         let mut f = fs::File::create(&p).with_context(|| format!("creating {}", p.display()))?;
         f.write_all(bytes).with_context(|| format!("writing {}", p.display()))?;
         f.sync_all()?;
-        self.files.insert(name.to_string(), FileEntry { bytes: bytes.len() as u64, crc32: crc32fast::hash(bytes) });
+        self.add_file(name, bytes.len() as u64, Some(crc32fast::hash(bytes)));
         Ok(())
+    }
+
+    /// The partial folder (other ranks write their files into it).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Records a file another writer put into the folder (already flushed to disk).
+    pub fn add_file(&mut self, name: &str, bytes: u64, crc32: Option<u32>) {
+        self.files.insert(name.to_string(), FileEntry { bytes, crc32 });
     }
 
     /// Writes the manifest and renames the folder into place. An existing `step-N` (from an
@@ -182,6 +196,10 @@ pub struct CheckpointReader {
 }
 
 impl CheckpointReader {
+    pub fn has(&self, name: &str) -> bool {
+        self.files.iter().any(|f| f == name)
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

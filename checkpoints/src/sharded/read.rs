@@ -1,0 +1,157 @@
+//! Reading regions of tensors from checkpoints, memory-mapped: only the chunks that overlap the
+//! requested region are touched (and each chunk's CRC32 is checked the first time it is read).
+
+use super::{Chunk, Metadata, FORMAT, METADATA};
+use crate::region::{copy_overlap, Region};
+use anyhow::{anyhow, bail, Context, Result};
+use memmap2::Mmap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// Named tensors of which any region can be read.
+pub trait TensorSource: Send + Sync {
+    /// What to name in errors (a folder or a file).
+    fn describe(&self) -> String;
+    /// Every tensor's name and global shape.
+    fn shapes(&self) -> BTreeMap<String, Vec<usize>>;
+    /// The values of `region` of tensor `key`, row-major.
+    fn read(&self, key: &str, region: &Region) -> Result<Vec<f32>>;
+}
+
+/// Memory maps of a folder's files, opened on first use.
+#[derive(Default)]
+struct Maps {
+    maps: Mutex<HashMap<PathBuf, Arc<Mmap>>>,
+}
+
+impl Maps {
+    fn get(&self, path: &Path) -> Result<Arc<Mmap>> {
+        let mut maps = self.maps.lock().unwrap();
+        if let Some(m) = maps.get(path) {
+            return Ok(m.clone());
+        }
+        let f = fs::File::open(path).with_context(|| format!("checkpoint file {} is missing", path.display()))?;
+        // SAFETY: checkpoint files are never modified in place (they are written once, then the
+        // folder is renamed into place); a file truncated under us is caught by the size checks.
+        let m = Arc::new(unsafe { Mmap::map(&f) }.with_context(|| format!("mapping {}", path.display()))?);
+        maps.insert(path.to_path_buf(), m.clone());
+        Ok(m)
+    }
+}
+
+/// A sharded checkpoint folder (`metadata.json` + rank files).
+pub struct ShardedReader {
+    dir: PathBuf,
+    pub meta: Metadata,
+    maps: Maps,
+    verified: Mutex<HashSet<(String, u64)>>,
+}
+
+impl ShardedReader {
+    pub fn open(dir: &Path) -> Result<Self> {
+        let p = dir.join(METADATA);
+        let text = fs::read_to_string(&p).with_context(|| format!("{} is missing", p.display()))?;
+        let meta: Metadata =
+            serde_json::from_str(&text).with_context(|| format!("{} is corrupt (not titan-rs metadata)", p.display()))?;
+        if meta.format != FORMAT {
+            bail!("{}: format {:?}, this titan-rs reads {FORMAT:?}", p.display(), meta.format);
+        }
+        Ok(Self { dir: dir.to_path_buf(), meta, maps: Maps::default(), verified: Mutex::default() })
+    }
+
+    /// The bytes of `chunk`, checked against its CRC32 the first time.
+    fn chunk_bytes<'a>(&self, map: &'a Mmap, chunk: &Chunk, key: &str) -> Result<&'a [u8]> {
+        let path = self.dir.join(&chunk.file);
+        let (start, end) = (chunk.byte_offset as usize, (chunk.byte_offset + chunk.byte_len) as usize);
+        if end > map.len() || chunk.byte_len as usize != chunk.region.numel() * 4 {
+            bail!("checkpoint file {} is truncated: {key} needs bytes {start}..{end}, the file has {}", path.display(), map.len());
+        }
+        let bytes = &map[start..end];
+        let id = (chunk.file.clone(), chunk.byte_offset);
+        if !self.verified.lock().unwrap().contains(&id) {
+            if crc32fast::hash(bytes) != chunk.crc32 {
+                bail!("checkpoint file {} is corrupt: the CRC32 of {key} (bytes {start}..{end}) does not match {METADATA}", path.display());
+            }
+            self.verified.lock().unwrap().insert(id);
+        }
+        Ok(bytes)
+    }
+}
+
+impl TensorSource for ShardedReader {
+    fn describe(&self) -> String {
+        self.dir.display().to_string()
+    }
+
+    fn shapes(&self) -> BTreeMap<String, Vec<usize>> {
+        self.meta.tensors.iter().map(|(k, t)| (k.clone(), t.shape.clone())).collect()
+    }
+
+    fn read(&self, key: &str, region: &Region) -> Result<Vec<f32>> {
+        let t = self.meta.tensors.get(key).ok_or_else(|| anyhow!("{} has no tensor {key}", self.describe()))?;
+        let mut out = vec![0f32; region.numel()];
+        let mut filled = 0;
+        for c in &t.chunks {
+            if c.region.intersect(region).is_none() {
+                continue;
+            }
+            let map = self.maps.get(&self.dir.join(&c.file))?;
+            let bytes = self.chunk_bytes(&map, c, key)?;
+            filled += copy_overlap(bytes, &c.region, &mut out, region);
+        }
+        if filled != region.numel() {
+            bail!("{}: the chunks of {key} cover {filled} of the {} elements asked for ({METADATA} is damaged)", self.describe(), region.numel());
+        }
+        Ok(out)
+    }
+}
+
+/// One safetensors file of full float32 tensors (the consolidated checkpoint format, and the
+/// output of `checkpoint consolidate`).
+pub struct FileReader {
+    path: PathBuf,
+    map: Mmap,
+    /// Name → (shape, absolute byte range).
+    tensors: BTreeMap<String, (Vec<usize>, usize, usize)>,
+}
+
+impl FileReader {
+    pub fn open(path: &Path) -> Result<Self> {
+        let f = fs::File::open(path).with_context(|| format!("{} is missing", path.display()))?;
+        // SAFETY: as above, checkpoint files are not modified in place.
+        let map = unsafe { Mmap::map(&f) }.with_context(|| format!("mapping {}", path.display()))?;
+        let (n, meta) = safetensors::SafeTensors::read_metadata(&map)
+            .map_err(|e| anyhow!("{} is not a valid safetensors file: {e:?}", path.display()))?;
+        let mut tensors = BTreeMap::new();
+        for (name, info) in meta.tensors() {
+            if info.dtype != safetensors::Dtype::F32 {
+                bail!("{}: tensor {name} has dtype {:?}; titan-rs checkpoints hold float32", path.display(), info.dtype);
+            }
+            let (s, e) = (8 + n + info.data_offsets.0, 8 + n + info.data_offsets.1);
+            if e > map.len() {
+                bail!("{} is truncated: {name} ends at byte {e} of {}", path.display(), map.len());
+            }
+            tensors.insert(name, (info.shape.clone(), s, e));
+        }
+        Ok(Self { path: path.to_path_buf(), map, tensors })
+    }
+}
+
+impl TensorSource for FileReader {
+    fn describe(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn shapes(&self) -> BTreeMap<String, Vec<usize>> {
+        self.tensors.iter().map(|(k, (s, _, _))| (k.clone(), s.clone())).collect()
+    }
+
+    fn read(&self, key: &str, region: &Region) -> Result<Vec<f32>> {
+        let (shape, s, e) = self.tensors.get(key).ok_or_else(|| anyhow!("{} has no tensor {key}", self.describe()))?;
+        let mut out = vec![0f32; region.numel()];
+        copy_overlap(&self.map[*s..*e], &Region::full(shape), &mut out, region);
+        Ok(out)
+    }
+}
