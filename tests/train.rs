@@ -54,13 +54,13 @@ fn checkpointed_run(dump: &std::path::Path) -> Vec<String> {
 fn corrupt_checkpoint_is_a_clear_error_and_nothing_is_overwritten() {
     let d = tempfile::tempdir().unwrap();
     let args = checkpointed_run(d.path());
-    let model = d.path().join("checkpoint/step-4/model.safetensors");
+    let model = d.path().join("checkpoint/step-4/rank-00000-of-00001.safetensors");
     let bytes = std::fs::read(&model).unwrap();
     std::fs::write(&model, &bytes[..bytes.len() / 2]).unwrap();
-    let before = std::fs::read(d.path().join("checkpoint/step-2/model.safetensors")).unwrap();
+    let before = std::fs::read(d.path().join("checkpoint/step-2/rank-00000-of-00001.safetensors")).unwrap();
     let o = run(&args, &["--checkpoint.enable", "true", "--training.steps", "6"]);
-    assert_clean_error(&o, &["step-4/model.safetensors", "truncated"]);
-    assert_eq!(std::fs::read(d.path().join("checkpoint/step-2/model.safetensors")).unwrap(), before);
+    assert_clean_error(&o, &["step-4/rank-00000-of-00001.safetensors", "truncated"]);
+    assert_eq!(std::fs::read(d.path().join("checkpoint/step-2/rank-00000-of-00001.safetensors")).unwrap(), before);
     assert_eq!(std::fs::read(&model).unwrap().len(), bytes.len() / 2);
     assert!(!d.path().join("checkpoint/step-6").exists());
 }
@@ -70,7 +70,7 @@ fn checkpoint_of_another_model_is_a_clear_error() {
     let d = tempfile::tempdir().unwrap();
     let args = checkpointed_run(d.path());
     let o = run(&args, &["--checkpoint.enable", "true", "--training.steps", "6", "--model.flavor", "debugmodel"]);
-    assert_clean_error(&o, &["model.safetensors", "tok_embeddings.weight has shape [2048, 64]", "[2048, 256]"]);
+    assert_clean_error(&o, &["step-4", "tok_embeddings.weight has shape [2048, 64]", "[2048, 256]"]);
 }
 
 #[test]
@@ -154,7 +154,7 @@ fn shipped_debug_config_learns_below_unigram_entropy() {
     let h = titan_data::unigram_entropy(&vt);
     let last = *val.last().unwrap();
     assert!(last < h - 0.5, "final validation loss {last:.3} is not clearly below the unigram entropy {h:.3}");
-    assert!(d.path().join("checkpoint/step-120/model.safetensors").exists());
+    assert!(d.path().join("checkpoint/step-120/metadata.json").exists());
     assert!(d.path().join("loss_curve.png").exists());
     for key in ["\"loss\"", "\"grad_norm\"", "\"lr\"", "\"tokens_per_s\"", "\"mfu\""] {
         assert!(metrics.lines().next().unwrap().contains(key), "metrics line lacks {key}");

@@ -22,6 +22,8 @@ pub struct MeshGroups {
     /// This rank's pipeline stage index and the pipeline group (its rank `i` is stage rank `i`).
     pub pp_rank: usize,
     pub pp: Option<Box<dyn Communicator>>,
+    /// Every rank (checkpoint agreement).
+    pub world: Option<Box<dyn Communicator>>,
 }
 
 impl MeshGroups {
@@ -36,6 +38,7 @@ impl MeshGroups {
             tp: None,
             pp_rank: 0,
             pp: None,
+            world: None,
         }
     }
 
@@ -56,6 +59,8 @@ impl MeshGroups {
         let shard = cut(Axis::Fsdp, dims.dp_shard)?;
         let tp = cut(Axis::Tp, dims.tp)?;
         let pp = cut(Axis::Pp, dims.pp)?;
+        let everyone: Vec<usize> = (0..world.size()).collect();
+        let world_group = if world.size() > 1 { Some(world.sub_group(&everyone)?) } else { None };
         let c = mesh.coords(rank);
         Ok(Self {
             world_rank: rank,
@@ -67,6 +72,7 @@ impl MeshGroups {
             tp,
             pp_rank: c.pp,
             pp,
+            world: world_group,
         })
     }
 }

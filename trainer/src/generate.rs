@@ -2,7 +2,7 @@
 
 use crate::config::load_config;
 use crate::paths;
-use crate::state::load_model_tensors;
+use crate::state::{load_model_tensors, param_shapes};
 use crate::pipeline::to_tensor_2d;
 use crate::trainer::build_model;
 use anyhow::{anyhow, bail, Context, Result};
@@ -10,7 +10,8 @@ use burn::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::path::{Path, PathBuf};
-use titan_checkpoints::{load_tensors, CheckpointFolder};
+use titan_checkpoints::sharded::tools::open_sources;
+use titan_checkpoints::{CheckpointFolder, HostTensor, Region, TensorMap};
 use titan_data::Tokenizer;
 use titan_models::ModelArgs;
 
@@ -51,13 +52,21 @@ pub fn generate(checkpoint: &Path, o: &GenerateOptions) -> Result<String> {
     let args = ModelArgs::flavor(&cfg.model.flavor).expect("validated");
     let tokenizer = Tokenizer::from_file(&paths::tokenizer(&cfg.model))?;
     let device = Device::flex();
-    let mpath = reader.path("model.safetensors");
-    let (tensors, _) = load_tensors(&mpath, &reader.read("model.safetensors")?)?;
+    let sources = open_sources(reader.dir())?;
+    let src = sources[0].as_ref();
+    let fresh = build_model(&cfg, &args, 0, &device);
+    let mut tensors = TensorMap::new();
+    for (path, _) in param_shapes(&fresh) {
+        if let Some(shape) = src.shape(&path) {
+            let data = src.read(&path, &Region::full(&shape))?;
+            tensors.insert(path, HostTensor { shape, data });
+        }
+    }
     let model = load_model_tensors(
-        build_model(&cfg, &args, 0, &device),
+        fresh,
         tensors,
         &device,
-        &mpath.display().to_string(),
+        &src.describe(),
         &|p| p.to_string(),
         &|_| false,
     )

@@ -4,13 +4,15 @@
 //! * [`train`] (the loop, top to bottom), [`trainer`] (one rank's state and step),
 //!   [`pipeline`] (the schedule runner), [`parallelize`] (applying the parallelisms),
 //!   [`rank`] (this rank's mesh place and model stages), [`optim`] (AdamW, LR schedule,
-//!   gradients), [`state`] (checkpoint glue), [`plan`] (`titan-rs plan`), [`memory`] (will it fit?).
+//!   gradients), [`state`] (parameters ↔ host tensors), [`checkpoint`] (sharded save, async
+//!   writer, resharding resume), [`plan`] (`titan-rs plan`), [`memory`] (will it fit?).
 //! * [`metrics`]: console, `metrics.jsonl`, MFU peak, TensorBoard, plots, step traces.
 //! * [`bench`]: `titan-rs bench train | kernels | comm`.
 //! * [`generate`], [`device`], [`paths`], [`alloc`].
 
 pub mod alloc;
 pub mod bench;
+pub mod checkpoint;
 pub mod config;
 pub mod device;
 pub mod generate;

@@ -136,27 +136,6 @@ impl Placement {
         }
         Ok(map)
     }
-
-    /// This rank's pieces of full tensors (no communication): TP slices, then FSDP shards.
-    pub fn shard_full(&self, mut map: TensorMap) -> TensorMap {
-        if let Some(tp) = &self.tp {
-            let (r, n) = (tp.group.rank(), tp.group.size());
-            map = map
-                .into_iter()
-                .map(|(k, t)| match tp.split_dims.get(param_path(&k)) {
-                    Some(&dim) if t.shape.get(dim).is_some_and(|s| s % n == 0) => {
-                        let (data, shape) = state::slice_dim(&t.data, &t.shape, dim, r, n);
-                        (k, HostTensor { shape, data })
-                    }
-                    _ => (k, t),
-                })
-                .collect();
-        }
-        if let Some(s) = &self.fsdp {
-            map = state::shard(map, s, param_path);
-        }
-        map
-    }
 }
 
 /// `x` summed over `c` (each rank's value gathered, summed in rank order in f64).

@@ -29,6 +29,8 @@ pub struct RankContext {
     /// The pipeline stage index and group (point-to-point between stages).
     pub pp_rank: usize,
     pub pp: Option<Box<dyn Communicator>>,
+    /// Every rank (`None` alone): checkpoints agree over it.
+    pub world: Option<Box<dyn Communicator>>,
 }
 
 impl RankContext {
@@ -48,6 +50,7 @@ impl RankContext {
             tp: g.tp.map(register),
             pp_rank: g.pp_rank,
             pp: g.pp,
+            world: g.world,
         }
     }
 }

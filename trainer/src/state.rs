@@ -60,21 +60,6 @@ pub fn param_ids<M: Module>(model: &M) -> Vec<(ParamId, String)> {
     v.out
 }
 
-/// Part `r` of `n` equal parts of a row-major tensor along `dim`; returns the part and its shape.
-pub fn slice_dim(data: &[f32], shape: &[usize], dim: usize, r: usize, n: usize) -> (Vec<f32>, Vec<usize>) {
-    let outer: usize = shape[..dim].iter().product();
-    let inner: usize = shape[dim + 1..].iter().product();
-    let chunk = shape[dim] / n;
-    let mut out = Vec::with_capacity(outer * chunk * inner);
-    for o in 0..outer {
-        let base = (o * shape[dim] + r * chunk) * inner;
-        out.extend_from_slice(&data[base..base + chunk * inner]);
-    }
-    let mut s = shape.to_vec();
-    s[dim] = chunk;
-    (out, s)
-}
-
 /// Every parameter's values, by path.
 pub fn model_to_tensors<M: Module>(model: &M) -> TensorMap {
     struct V {
@@ -151,6 +136,27 @@ pub fn load_model_tensors<M: Module>(
     Ok(model)
 }
 
+/// Replaces every parameter's stored value (its FSDP shard or TP slice as stored on this rank)
+/// with `tensors[path]`, keeping its reparameterization; every parameter must be present.
+pub fn set_local_tensors<M: Module>(model: M, mut tensors: TensorMap, device: &Device) -> M {
+    struct S<'a> {
+        path: Path,
+        tensors: &'a mut TensorMap,
+        device: &'a Device,
+    }
+    impl ModuleMapper for S<'_> {
+        path_tracking!();
+        fn map_float<const D: usize>(&mut self, p: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            let t = self.tensors.remove(&self.path.join()).expect("a value for every parameter");
+            let (id, _, mapper) = p.consume();
+            let value = Tensor::<D>::from_data(TensorData::new(t.data, t.shape), self.device);
+            let value = if self.device.is_autodiff() { value.require_grad() } else { value };
+            Param::from_mapped_value(id, value, mapper)
+        }
+    }
+    model.map(&mut S { path: Path::default(), tensors: &mut tensors, device })
+}
+
 /// Bytes of every parameter as stored on this rank (shards under FSDP).
 pub fn param_bytes<M: Module>(model: &M) -> usize {
     param_shapes(model).iter().map(|(_, s)| s.iter().product::<usize>() * 4).sum()
@@ -173,18 +179,4 @@ pub fn unshard(
         out.insert(k, t);
     }
     Ok(out)
-}
-
-/// This rank's shards of full tensors. A tensor whose rows do not match its parameter is left
-/// whole, for the loader to report with its path.
-pub fn shard(map: TensorMap, sharding: &Sharding, path_of: fn(&str) -> &str) -> TensorMap {
-    map.into_iter()
-        .map(|(k, t)| match sharding.layout(path_of(&k)) {
-            Some(l) if t.shape.first() == Some(&l.rows) => {
-                let (data, shape) = l.shard(&t.data, &t.shape);
-                (k, HostTensor { shape, data })
-            }
-            _ => (k, t),
-        })
-        .collect()
 }

@@ -20,7 +20,7 @@ pub struct Summary {
 /// Trains with the configured mesh: one rank, or `dp_replicate × dp_shard × tp` ranks (DDP,
 /// FSDP or HSDP, with tensor parallelism) — threads of this process, or one per process under
 /// `mpirun`. Rank
-/// `log_rank` prints and writes metrics; rank 0 writes checkpoints.
+/// `log_rank` prints and writes metrics; every rank writes its pieces of the checkpoints.
 pub fn run(cfg: JobConfig, log_rank: usize, nproc: Option<usize>) -> Result<Summary> {
     crate::memory::record_runtime();
     if cfg.job.print_config {
@@ -213,8 +213,8 @@ fn save_plot(cfg: &JobConfig, log: &MetricsLogger, dump: &std::path::Path) -> Re
 }
 
 /// One rank's training loop. Every rank runs the same steps, validation and checkpoint calls
-/// (under FSDP they gather parameters together); the logging rank prints and writes metrics;
-/// data-parallel rank 0 writes the checkpoints.
+/// (checkpoints are written by every rank, each its own pieces); the logging rank prints and
+/// writes metrics.
 fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summary> {
     let dump = PathBuf::from(&cfg.job.dump_folder);
     let steps = cfg.training.steps as u64;
@@ -280,13 +280,20 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
             }
             final_val = Some(v);
         }
-        if cfg.checkpoint.enable && (step % cfg.checkpoint.interval as u64 == 0 || step == steps) {
+        if let Some(dir) = t.poll_pending_save()? {
+            console(&log, &format!("saved checkpoint {} (written in the background)", dir.display()));
+        }
+        let first = step == 1 && cfg.checkpoint.enable_first_step_checkpoint;
+        if cfg.checkpoint.enable && (step % cfg.checkpoint.interval as u64 == 0 || step == steps || first) {
             let saved = {
                 let _span = titan_profiling::span("checkpoint", "checkpoint");
                 t.save_checkpoint()?
             };
             if let Some(dir) = saved {
                 console(&log, &format!("saved checkpoint {}", dir.display()));
+            }
+            if let Some(s) = t.pending_save_step() {
+                console(&log, &format!("checkpoint step-{s}: writing in the background"));
             }
             if let Some(png) = log.as_ref().filter(|_| logs).map(|l| save_plot(&cfg, l, &dump)).transpose()?.flatten() {
                 console(&log, &format!("training curves: {png}"));
@@ -301,6 +308,9 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
             console(&log, &format!("stopping after step {step} (debug.stop_at_step)"));
             break;
         }
+    }
+    if let Some(dir) = t.wait_for_pending_save()? {
+        console(&log, &format!("saved checkpoint {} (written in the background)", dir.display()));
     }
     let Some(log) = log.filter(|_| logs) else {
         return Ok(Summary { last_step: t.step, final_loss, final_val_loss: final_val });

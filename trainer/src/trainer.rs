@@ -1,24 +1,23 @@
 //! The training state of one rank and the operations on it: build (or resume), one optimizer
 //! step, validation, checkpoint.
 
-use crate::config::{to_toml, JobConfig};
+use crate::config::JobConfig;
 use crate::optim::grads;
 use crate::optim::LrSchedule;
 use crate::optim::{AdamW, AdamWConfig};
 use crate::parallelize::{parallelize_llama, Placement};
-use crate::pipeline::{forward_only, gather_stages, run_schedule, RankLayout, StepInputs};
+use crate::pipeline::{forward_only, run_schedule, RankLayout, StepInputs};
 use crate::rank::{RankContext, RankModel};
 use crate::{paths, state};
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
-use titan_checkpoints::{load_tensors, save_tensors, CheckpointFolder, CheckpointReader};
-use titan_data::{tokenize_corpus, Batch, DataLoader, LoaderConfig, LoaderState, Tokenizer, ValidationBatches};
+use titan_checkpoints::CheckpointFolder;
+use titan_data::{tokenize_corpus, Batch, DataLoader, LoaderConfig, Tokenizer, ValidationBatches};
 use titan_models::{Checkpointing, ModelArgs, Transformer};
 use titan_parallel::{CommExt, ReduceOp};
 
@@ -44,18 +43,6 @@ pub struct StepStats {
     pub optim_bytes: usize,
 }
 
-/// Everything in a checkpoint besides tensors.
-#[derive(Debug, Serialize, Deserialize)]
-struct TrainState {
-    step: u64,
-    optimizer_step: u64,
-    loader: LoaderState,
-    /// The only randomness in training is the seeded sample order (no dropout), so the seed and
-    /// the loader state are the complete RNG state.
-    seed: u64,
-    flavor: String,
-}
-
 pub struct Trainer {
     pub cfg: JobConfig,
     pub rank: RankContext,
@@ -75,7 +62,12 @@ pub struct Trainer {
     /// The blocks that recompute their activations in backward (`activation_checkpoint`).
     pub checkpointing: Checkpointing,
     val_batches: Vec<Batch>,
-    checkpoints: CheckpointFolder,
+    pub(crate) checkpoints: CheckpointFolder,
+    /// A checkpoint being written on a background thread (`checkpoint.async_mode = "async"`).
+    pub(crate) pending_save: Option<crate::checkpoint::PendingSave>,
+    /// Seconds training has waited for checkpoint saves (staging, writing when synchronous,
+    /// committing).
+    pub checkpoint_blocked: f64,
 }
 
 /// The model a config describes, lazily initialised from `seed` on `device`.
@@ -87,7 +79,7 @@ pub fn build_model(cfg: &JobConfig, args: &ModelArgs, seed: u64, device: &Device
 
 /// This rank's pipeline stages as the config describes them (kernels, compute type), lazily
 /// initialised from `seed`, before any parallelism is applied.
-fn build_stages(
+pub(crate) fn build_stages(
     cfg: &JobConfig,
     args: &ModelArgs,
     layout: &RankLayout,
@@ -192,6 +184,8 @@ impl Trainer {
             checkpointing: cfg.activation_checkpoint.policy().map_err(|e| anyhow!(e))?,
             val_batches,
             checkpoints,
+            pending_save: None,
+            checkpoint_blocked: 0.0,
             cfg,
             rank,
         };
@@ -312,82 +306,5 @@ impl Trainer {
             sum = s[0] as f64;
         }
         Ok((sum / n as f64, n))
-    }
-
-    /// Writes `step-N/` atomically and prunes old checkpoints. Every rank must call it: FSDP
-    /// shards and TP slices are gathered into full tensors (so a checkpoint does not depend on
-    /// the layout); only world rank 0 writes (`None` on the others).
-    pub fn save_checkpoint(&self) -> Result<Option<PathBuf>> {
-        let model_t = self.placement.gather_full(state::model_to_tensors(&self.model), &self.rank)?;
-        let optim_t = self.placement.gather_full(self.optim.state_dict(&self.model), &self.rank)?;
-        let (Some(model_t), Some(optim_t)) =
-            (gather_stages(model_t, &self.layout, &self.rank)?, gather_stages(optim_t, &self.layout, &self.rank)?)
-        else {
-            return Ok(None);
-        };
-        let meta =
-            HashMap::from([("step".to_string(), self.step.to_string()), ("format".to_string(), "pt".to_string())]);
-        let model = save_tensors(&model_t, meta.clone())?;
-        let optim = save_tensors(&optim_t, meta)?;
-        let ts = TrainState {
-            step: self.step,
-            optimizer_step: self.optim.step_count(),
-            loader: self.loader.state(),
-            seed: self.cfg.training.seed as u64,
-            flavor: self.cfg.model.flavor.clone(),
-        };
-        let mut p = self.checkpoints.begin(self.step)?;
-        p.write("model.safetensors", &model)?;
-        p.write("optimizer.safetensors", &optim)?;
-        p.write("train_state.json", serde_json::to_string_pretty(&ts)?.as_bytes())?;
-        p.write("config.toml", to_toml(&self.cfg).as_bytes())?;
-        let dir = p.commit()?;
-        self.checkpoints.prune(self.cfg.checkpoint.keep_latest_k as usize)?;
-        Ok(Some(dir))
-    }
-
-    fn maybe_resume(&mut self) -> Result<()> {
-        let steps = self.checkpoints.steps()?;
-        let step = match self.cfg.checkpoint.load_step {
-            -1 => match steps.last() {
-                Some(s) => *s,
-                None => return Ok(()),
-            },
-            s if steps.contains(&(s as u64)) => s as u64,
-            s => bail!(
-                "`checkpoint.load_step` = {s} but {} holds steps {steps:?}; use one of them or -1 for the latest",
-                self.checkpoints.root().display()
-            ),
-        };
-        let reader = self.checkpoints.open(step)?;
-        self.load_from(&reader).with_context(|| format!("cannot resume from {}", reader.dir().display()))?;
-        tracing::info!("resumed from {} (step {})", reader.dir().display(), self.step);
-        Ok(())
-    }
-
-    fn load_from(&mut self, r: &CheckpointReader) -> Result<()> {
-        let ts: TrainState = serde_json::from_slice(&r.read("train_state.json")?)
-            .with_context(|| format!("{} is corrupt", r.path("train_state.json").display()))?;
-        let mpath = r.path("model.safetensors");
-        let (tensors, _) = load_tensors(&mpath, &r.read("model.safetensors")?)?;
-        let fresh = build_stages(&self.cfg, &self.args, &self.layout, 0, &self.device)?;
-        let names = |local: &str| self.layout.global_key(local);
-        let elsewhere = |key: &str| self.layout.local_key(key).is_none();
-        let full =
-            state::load_model_tensors(fresh, tensors, &self.device, &mpath.display().to_string(), &names, &elsewhere)
-                .map_err(|e| {
-                anyhow!("{e}; checkpoint flavor is {:?}, this config's is {:?}", ts.flavor, self.cfg.model.flavor)
-            })?;
-        (self.model, self.placement) = parallelize(&self.cfg, full, &self.rank);
-        let opath = r.path("optimizer.safetensors");
-        let (ot, _) = load_tensors(&opath, &r.read("optimizer.safetensors")?)?;
-        let ot = ot.into_iter().filter_map(|(k, t)| Some((self.layout.local_key(&k)?, t))).collect();
-        let ot = self.placement.shard_full(ot);
-        self.optim
-            .load_state_dict(&self.model, ts.optimizer_step, ot, &self.device.clone().without_autodiff())
-            .map_err(|e| anyhow!("{}: {e}", opath.display()))?;
-        self.loader.load_state(ts.loader);
-        self.step = ts.step;
-        Ok(())
     }
 }

@@ -16,6 +16,8 @@ pub trait TensorSource: Send + Sync {
     fn describe(&self) -> String;
     /// Every tensor's name and global shape.
     fn shapes(&self) -> BTreeMap<String, Vec<usize>>;
+    /// One tensor's global shape, `None` if absent.
+    fn shape(&self, key: &str) -> Option<Vec<usize>>;
     /// The values of `region` of tensor `key`, row-major.
     fn read(&self, key: &str, region: &Region) -> Result<Vec<f32>>;
 }
@@ -89,6 +91,10 @@ impl TensorSource for ShardedReader {
         self.meta.tensors.iter().map(|(k, t)| (k.clone(), t.shape.clone())).collect()
     }
 
+    fn shape(&self, key: &str) -> Option<Vec<usize>> {
+        self.meta.tensors.get(key).map(|t| t.shape.clone())
+    }
+
     fn read(&self, key: &str, region: &Region) -> Result<Vec<f32>> {
         let t = self.meta.tensors.get(key).ok_or_else(|| anyhow!("{} has no tensor {key}", self.describe()))?;
         let mut out = vec![0f32; region.numel()];
@@ -146,6 +152,10 @@ impl TensorSource for FileReader {
 
     fn shapes(&self) -> BTreeMap<String, Vec<usize>> {
         self.tensors.iter().map(|(k, (s, _, _))| (k.clone(), s.clone())).collect()
+    }
+
+    fn shape(&self, key: &str) -> Option<Vec<usize>> {
+        self.tensors.get(key).map(|t| t.0.clone())
     }
 
     fn read(&self, key: &str, region: &Region) -> Result<Vec<f32>> {

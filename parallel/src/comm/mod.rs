@@ -138,6 +138,20 @@ pub trait CommExt: Communicator {
     fn recv<T: Element>(&self, buf: &mut [T], src: usize, tag: u32) -> CommResult<()> {
         self.recv_bytes(bytemuck::cast_slice_mut(buf), T::DTYPE, src, tag)
     }
+    /// Every rank's `send` (of any length), in rank order: the lengths are gathered first,
+    /// then the messages padded to the longest.
+    fn all_gather_varlen(&self, send: &[u8]) -> CommResult<Vec<Vec<u8>>> {
+        let n = self.size();
+        let mut lens = vec![0u8; 8 * n];
+        self.all_gather(&(send.len() as u64).to_le_bytes(), &mut lens)?;
+        let lens: Vec<usize> = lens.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap()) as usize).collect();
+        let max = lens.iter().copied().max().unwrap_or(0);
+        let mut padded = send.to_vec();
+        padded.resize(max, 0);
+        let mut all = vec![0u8; max * n];
+        self.all_gather(&padded, &mut all)?;
+        Ok(all.chunks(max.max(1)).zip(&lens).map(|(c, &l)| c[..l].to_vec()).collect())
+    }
 }
 
 impl<C: Communicator + ?Sized> CommExt for C {}

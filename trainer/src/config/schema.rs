@@ -112,8 +112,18 @@ section!(Checkpoint {
     keep_latest_k: i64 = 10,
     /// -1 = latest.
     load_step: i64 = -1,
-    /// disabled
+    /// "disabled" (the save blocks training) or "async" (the state is copied to host memory and
+    /// written by a background thread while training continues).
     async_mode: String = "disabled".into(),
+    /// The final step's checkpoint holds only the model (no optimizer state). TorchTitan's
+    /// default is true; ours is false so that a finished run resumes when `training.steps` is
+    /// raised.
+    last_save_model_only: bool = false,
+    /// Parts of a checkpoint not to load on resume: "model", "optimizer", "dataloader",
+    /// "train_state" (the step).
+    exclude_from_loading: Vec<String> = Vec::new(),
+    /// Also checkpoint after step 1.
+    enable_first_step_checkpoint: bool = false,
 });
 
 section!(Metrics {

@@ -136,7 +136,14 @@ pub fn validate(c: &JobConfig) -> Result<()> {
     if k.folder.is_empty() {
         e.push("`checkpoint.folder` must not be empty".into());
     }
-    one_of(&mut e, "checkpoint.async_mode", &k.async_mode, &["disabled"]);
+    if k.async_mode == "async_with_pinned_mem" {
+        e.push("`checkpoint.async_mode` = \"async_with_pinned_mem\" is not supported (the staging copy is ordinary host memory); use \"async\" or \"disabled\"".into());
+    } else {
+        one_of(&mut e, "checkpoint.async_mode", &k.async_mode, &["disabled", "async"]);
+    }
+    for x in &k.exclude_from_loading {
+        one_of(&mut e, "checkpoint.exclude_from_loading", x, &crate::checkpoint::LOADABLE_PARTS);
+    }
     positive(&mut e, "metrics.log_freq", c.metrics.log_freq);
     if c.metrics.enable_tensorboard && c.metrics.save_tb_folder.is_empty() {
         e.push("`metrics.save_tb_folder` must not be empty when `metrics.enable_tensorboard` is on".into());

@@ -1,0 +1,195 @@
+//! Saving and resuming a rank's training state as a sharded checkpoint.
+//!
+//! Every rank stages its own parameter pieces and optimizer moments on the host, the ranks
+//! agree who writes each piece (replicas once), each writes its file, and rank 0 commits the
+//! folder ([`titan_checkpoints::sharded::commit`]). Resuming reads, for each local parameter,
+//! the region this rank holds under the *current* layout, from whatever layout saved it (or from
+//! a consolidated checkpoint of the previous format). Under `checkpoint.async_mode = "async"`
+//! the write runs on a background thread; the ranks commit it at the first step boundary where
+//! every rank's writer has finished, or at the next save, or at the end of the run.
+
+mod group;
+pub mod slots;
+
+use crate::config::to_toml;
+use crate::trainer::Trainer;
+use crate::state;
+use anyhow::{anyhow, bail, Context, Result};
+use group::World;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+use std::time::Instant;
+use titan_checkpoints::sharded::commit::{finish, prepare, SaveRequest, WrittenSave};
+use titan_checkpoints::sharded::tools::open_sources;
+use titan_checkpoints::CheckpointReader;
+use titan_data::LoaderState;
+
+/// The parts `checkpoint.exclude_from_loading` may name.
+pub const LOADABLE_PARTS: [&str; 4] = ["model", "optimizer", "dataloader", "train_state"];
+
+/// Everything in a checkpoint besides tensors.
+#[derive(Debug, Serialize, Deserialize)]
+struct TrainState {
+    step: u64,
+    optimizer_step: u64,
+    loader: LoaderState,
+    /// The only randomness in training is the seeded sample order (no dropout), so the seed and
+    /// the loader state are the complete RNG state.
+    seed: u64,
+    flavor: String,
+}
+
+/// A save being written on a background thread.
+pub struct PendingSave {
+    step: u64,
+    writer: JoinHandle<WrittenSave>,
+}
+
+impl Trainer {
+    fn world(&self) -> World<'_> {
+        World(self.rank.world.as_deref())
+    }
+
+    /// The mesh, for `checkpoint inspect`.
+    fn saved_under(&self) -> String {
+        let p = &self.cfg.parallelism;
+        format!(
+            "pp {} ({}) × dp_replicate {} × dp_shard {} × tp {}, {} rank(s)",
+            self.layout.split.pp,
+            self.layout.schedule.name(),
+            self.rank.dp_degree / self.rank.fsdp.as_ref().map_or(1, |g| g.size()),
+            self.rank.fsdp.as_ref().map_or(1, |g| g.size()),
+            self.rank.tp.as_ref().map_or(1, |g| g.size()),
+            self.world().0.map_or(1, |c| c.size()),
+        ) + if p.enable_sequence_parallel && self.rank.tp.is_some() { " (sequence parallel)" } else { "" }
+    }
+
+    /// Checkpoints the state after the current step (every rank calls it). Synchronous: returns
+    /// the committed folder. Async: stages the state, starts the writer and returns the folder
+    /// of the previous background save if this call committed it.
+    pub fn save_checkpoint(&mut self) -> Result<Option<PathBuf>> {
+        let previous = self.wait_for_pending_save()?;
+        let start = Instant::now();
+        let model_only = self.cfg.checkpoint.last_save_model_only && self.step == self.cfg.training.steps as u64;
+        let slots = slots::slots(&self.model, &self.placement, &self.layout, &self.rank);
+        let pieces = {
+            let model = state::model_to_tensors(&self.model);
+            let optim = (!model_only).then(|| self.optim.state_dict(&self.model));
+            slots::pieces(&slots, &model, optim.as_ref())
+        };
+        let files = if self.world().0.is_none_or(|c| c.rank() == 0) {
+            let ts = TrainState {
+                step: self.step,
+                optimizer_step: self.optim.step_count(),
+                loader: self.loader.state(),
+                seed: self.cfg.training.seed as u64,
+                flavor: self.cfg.model.flavor.clone(),
+            };
+            vec![
+                ("train_state.json".to_string(), serde_json::to_vec_pretty(&ts)?),
+                ("config.toml".to_string(), to_toml(&self.cfg).into_bytes()),
+            ]
+        } else {
+            Vec::new()
+        };
+        let req = SaveRequest { step: self.step, pieces, files, saved_under: self.saved_under(), model_only };
+        let prepared = prepare(&self.checkpoints, &self.world(), req)?;
+        let keep = self.cfg.checkpoint.keep_latest_k as usize;
+        if self.cfg.checkpoint.async_mode == "async" {
+            let writer = std::thread::Builder::new()
+                .name(format!("checkpoint-step-{}", self.step))
+                .spawn(move || prepared.write())
+                .context("starting the checkpoint writer thread")?;
+            self.pending_save = Some(PendingSave { step: self.step, writer });
+            self.checkpoint_blocked += start.elapsed().as_secs_f64();
+            return Ok(previous);
+        }
+        let dir = finish(&self.checkpoints, &self.world(), prepared.write(), keep)?;
+        self.checkpoint_blocked += start.elapsed().as_secs_f64();
+        Ok(Some(dir))
+    }
+
+    /// The step of the save being written in the background, if any.
+    pub fn pending_save_step(&self) -> Option<u64> {
+        self.pending_save.as_ref().map(|p| p.step)
+    }
+
+    /// Commits the background save if every rank's writer has finished (a collective: every
+    /// rank calls it at the same steps); returns its folder when committed.
+    pub fn poll_pending_save(&mut self) -> Result<Option<PathBuf>> {
+        let Some(p) = &self.pending_save else { return Ok(None) };
+        if !self.world().all(p.writer.is_finished())? {
+            return Ok(None);
+        }
+        self.wait_for_pending_save()
+    }
+
+    /// Waits for the background save and commits it (every rank calls it).
+    pub fn wait_for_pending_save(&mut self) -> Result<Option<PathBuf>> {
+        let Some(p) = self.pending_save.take() else { return Ok(None) };
+        let start = Instant::now();
+        let written = p.writer.join().map_err(|_| anyhow!("the writer thread of checkpoint step-{} panicked", p.step))?;
+        let dir = finish(&self.checkpoints, &self.world(), written, self.cfg.checkpoint.keep_latest_k as usize);
+        self.checkpoint_blocked += start.elapsed().as_secs_f64();
+        dir.map(Some)
+    }
+
+    /// Resumes from `checkpoint.load_step` (-1: the latest), if a checkpoint exists.
+    pub(crate) fn maybe_resume(&mut self) -> Result<()> {
+        let steps = self.checkpoints.steps()?;
+        let step = match self.cfg.checkpoint.load_step {
+            -1 => match steps.last() {
+                Some(s) => *s,
+                None => return Ok(()),
+            },
+            s if steps.contains(&(s as u64)) => s as u64,
+            s => bail!(
+                "`checkpoint.load_step` = {s} but {} holds steps {steps:?}; use one of them or -1 for the latest",
+                self.checkpoints.root().display()
+            ),
+        };
+        let reader = self.checkpoints.open(step)?;
+        self.load_from(&reader).with_context(|| format!("cannot resume from {}", reader.dir().display()))?;
+        tracing::info!("resumed from {} (step {})", reader.dir().display(), self.step);
+        Ok(())
+    }
+
+    fn load_from(&mut self, r: &CheckpointReader) -> Result<()> {
+        let skip = |part: &str| self.cfg.checkpoint.exclude_from_loading.iter().any(|x| x == part);
+        let ts: TrainState = serde_json::from_slice(&r.read("train_state.json")?)
+            .with_context(|| format!("{} is corrupt", r.path("train_state.json").display()))?;
+        let sources = open_sources(r.dir())?;
+        // Sharded: one source holding both; consolidated: model.safetensors, optimizer.safetensors.
+        let (model_src, optim_src) = (sources[0].as_ref(), sources.last().expect("a source").as_ref());
+        let slots = slots::slots(&self.model, &self.placement, &self.layout, &self.rank);
+        if !skip("model") {
+            let mine = |key: &str| self.layout.local_key(key).is_some();
+            let tensors = slots::read_model(model_src, &slots, &mine).map_err(|e| {
+                anyhow!("{e:#}; checkpoint flavor is {:?}, this config's is {:?}", ts.flavor, self.cfg.model.flavor)
+            })?;
+            let model = std::mem::replace(&mut self.model, crate::rank::RankModel { chunks: Vec::new() });
+            self.model = state::set_local_tensors(model, tensors, &self.device);
+        }
+        let model_only = sources.len() == 1 && !optim_src.shapes().keys().any(|k| k.starts_with("exp_avg."));
+        if !skip("optimizer") && ts.optimizer_step > 0 {
+            if model_only {
+                bail!(
+                    "step-{} holds only the model (`checkpoint.last_save_model_only`), no optimizer state to resume from; add \"optimizer\" to `checkpoint.exclude_from_loading` to start a fresh optimizer from it",
+                    ts.step
+                );
+            }
+            let moments = slots::read_optimizer(optim_src, &slots)?;
+            self.optim
+                .load_state_dict(&self.model, ts.optimizer_step, moments, &self.device.clone().without_autodiff())
+                .map_err(|e| anyhow!("{}: {e}", optim_src.describe()))?;
+        }
+        if !skip("dataloader") {
+            self.loader.load_state(ts.loader);
+        }
+        if !skip("train_state") {
+            self.step = ts.step;
+        }
+        Ok(())
+    }
+}
