@@ -5,13 +5,13 @@ use crate::paths;
 use crate::state::{load_model_tensors, param_shapes};
 use crate::pipeline::to_tensor_2d;
 use crate::trainer::build_model;
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use burn::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use titan_checkpoints::sharded::tools::open_sources;
-use titan_checkpoints::{CheckpointFolder, HostTensor, Region, TensorMap};
+use titan_checkpoints::{HostTensor, Region, TensorMap};
 use titan_data::Tokenizer;
 use titan_models::ModelArgs;
 
@@ -24,30 +24,8 @@ pub struct GenerateOptions {
     pub context: usize,
 }
 
-/// A `step-N` folder, or a folder of them (the latest is used), or a dump folder.
-fn find_step_dir(path: &Path) -> Result<PathBuf> {
-    if path.join("manifest.json").exists() {
-        return Ok(path.to_path_buf());
-    }
-    for root in [path.to_path_buf(), path.join("checkpoint")] {
-        let f = CheckpointFolder::new(&root);
-        if let Some(s) = f.latest()? {
-            return Ok(f.step_dir(s));
-        }
-    }
-    bail!("no checkpoint in {} (expected a step-N folder or a folder holding them)", path.display())
-}
-
 pub fn generate(checkpoint: &Path, o: &GenerateOptions) -> Result<String> {
-    let dir = find_step_dir(checkpoint)?;
-    let f = CheckpointFolder::new(dir.parent().unwrap_or(Path::new(".")));
-    let step: u64 = dir
-        .file_name()
-        .and_then(|n| n.to_str())
-        .and_then(|n| n.strip_prefix("step-"))
-        .and_then(|n| n.parse().ok())
-        .ok_or_else(|| anyhow!("{} is not a step-N folder", dir.display()))?;
-    let reader = f.open(step)?;
+    let reader = crate::checkpoint::open_step(checkpoint)?;
     let cfg = load_config(Some(&reader.path("config.toml")), &[]).context("the checkpoint's config.toml")?;
     let args = ModelArgs::flavor(&cfg.model.flavor).expect("validated");
     let tokenizer = Tokenizer::from_file(&paths::tokenizer(&cfg.model))?;

@@ -78,6 +78,11 @@ enum Command {
         #[arg(long, default_value_t = 256)]
         context: usize,
     },
+    /// Checkpoint tools (`DIR`: a `step-N` folder, or a folder holding them: the latest).
+    Checkpoint {
+        #[command(subcommand)]
+        command: CheckpointCommand,
+    },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -88,6 +93,15 @@ enum Command {
         #[command(subcommand)]
         command: TraceCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum CheckpointCommand {
+    /// Step, format, the layout it was saved under, files and sizes, every tensor's shape and
+    /// chunks.
+    Inspect { dir: PathBuf },
+    /// Writes every tensor in full into one safetensors file, one tensor in memory at a time.
+    Consolidate { dir: PathBuf, out: PathBuf },
 }
 
 #[derive(Subcommand)]
@@ -283,6 +297,15 @@ fn run(cli: Cli) -> Result<()> {
                 last = Some(r);
             }
             bench_train::print_table(&label, &last.expect("at least one round"), Some(&b));
+        }
+        Command::Checkpoint { command: CheckpointCommand::Inspect { dir } } => {
+            let r = titan_rs::checkpoint::open_step(&dir)?;
+            print!("{}", titan_checkpoints::sharded::tools::inspect(r.dir())?);
+        }
+        Command::Checkpoint { command: CheckpointCommand::Consolidate { dir, out } } => {
+            let r = titan_rs::checkpoint::open_step(&dir)?;
+            let (n, bytes) = titan_checkpoints::sharded::tools::consolidate(r.dir(), &out)?;
+            println!("wrote {} ({n} tensors, {bytes} bytes)", out.display());
         }
         Command::Trace { command: TraceCommand::Timeline { dir, out } } => {
             let out = out.unwrap_or_else(|| dir.join("timeline.png"));

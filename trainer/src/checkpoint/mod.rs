@@ -17,12 +17,12 @@ use crate::state;
 use anyhow::{anyhow, bail, Context, Result};
 use group::World;
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::Instant;
 use titan_checkpoints::sharded::commit::{finish, prepare, SaveRequest, WrittenSave};
 use titan_checkpoints::sharded::tools::open_sources;
-use titan_checkpoints::CheckpointReader;
+use titan_checkpoints::{CheckpointFolder, CheckpointReader};
 use titan_data::LoaderState;
 
 /// The parts `checkpoint.exclude_from_loading` may name.
@@ -38,6 +38,29 @@ struct TrainState {
     /// the loader state are the complete RNG state.
     seed: u64,
     flavor: String,
+}
+
+/// Opens (verified) a `step-N` folder, or the latest step in a folder holding them, or in a
+/// dump folder's `checkpoint/`.
+pub fn open_step(path: &Path) -> Result<CheckpointReader> {
+    let (root, step) = if path.join("manifest.json").exists() {
+        let step = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("step-"))
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| anyhow!("{} is not a step-N folder", path.display()))?;
+        (path.parent().unwrap_or(Path::new(".")).to_path_buf(), step)
+    } else {
+        let found = [path.to_path_buf(), path.join("checkpoint")]
+            .into_iter()
+            .find_map(|root| Some((CheckpointFolder::new(&root).latest().ok()??, root)));
+        let Some((step, root)) = found else {
+            bail!("no checkpoint in {} (expected a step-N folder or a folder holding them)", path.display())
+        };
+        (root, step)
+    };
+    CheckpointFolder::new(root).open(step)
 }
 
 /// A save being written on a background thread.
@@ -96,16 +119,25 @@ impl Trainer {
         let req = SaveRequest { step: self.step, pieces, files, saved_under: self.saved_under(), model_only };
         let prepared = prepare(&self.checkpoints, &self.world(), req)?;
         let keep = self.cfg.checkpoint.keep_latest_k as usize;
+        let kill = self.cfg.debug.kill_during_save_at_step == self.step as i64;
+        let write = move || {
+            let written = prepared.write();
+            if kill {
+                // SAFETY: sends a signal to this process; nothing is shared.
+                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            }
+            written
+        };
         if self.cfg.checkpoint.async_mode == "async" {
             let writer = std::thread::Builder::new()
                 .name(format!("checkpoint-step-{}", self.step))
-                .spawn(move || prepared.write())
+                .spawn(write)
                 .context("starting the checkpoint writer thread")?;
             self.pending_save = Some(PendingSave { step: self.step, writer });
             self.checkpoint_blocked += start.elapsed().as_secs_f64();
             return Ok(previous);
         }
-        let dir = finish(&self.checkpoints, &self.world(), prepared.write(), keep)?;
+        let dir = finish(&self.checkpoints, &self.world(), write(), keep)?;
         self.checkpoint_blocked += start.elapsed().as_secs_f64();
         Ok(Some(dir))
     }

@@ -64,8 +64,10 @@ fn type_name(v: &Value) -> &'static str {
 fn coerce(key: &str, default: &Value, v: Value, origin: &str) -> Result<Value> {
     match (default, v) {
         (Value::Float(_), Value::Integer(i)) => Ok(Value::Float(i as f64)),
+        // An empty default (a list of names) takes the items as they are.
+        (Value::Array(d), Value::Array(items)) if d.is_empty() => Ok(Value::Array(items)),
         (Value::Array(d), Value::Array(items)) => {
-            let proto = d.first().cloned().unwrap_or(Value::Float(0.0));
+            let proto = d[0].clone();
             let items = items.into_iter().map(|x| coerce(key, &proto, x, origin)).collect::<Result<_>>()?;
             Ok(Value::Array(items))
         }
@@ -152,10 +154,13 @@ fn overrides_table(defaults: &Table, overrides: &[(String, String)]) -> Result<T
         let default = defaults.get(section).and_then(|s| s.get(key));
         let value = match default {
             Some(Value::String(_)) => Value::String(raw.clone()),
-            _ => raw
+            // A list of names also as `a,b` (TorchTitan's command-line form).
+            Some(Value::Array(d)) if d.is_empty() && !raw.trim_start().starts_with('[') => {
+                Value::Array(raw.split(',').map(|x| x.trim()).filter(|x| !x.is_empty()).map(|x| Value::String(x.into())).collect())
+            }
+            _ => format!("v = {raw}")
                 .parse::<Table>()
                 .ok()
-                .or_else(|| format!("v = {raw}").parse::<Table>().ok())
                 .and_then(|mut tt| tt.remove("v"))
                 .unwrap_or_else(|| Value::String(raw.clone())),
         };

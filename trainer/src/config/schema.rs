@@ -180,6 +180,10 @@ section!(Debug {
     stop_at_step: i64 = -1,
     /// Print every parameter with its shape and logical axes at start.
     print_param_specs: bool = false,
+    /// SIGKILL this process while the checkpoint of this step is half written (its rank file on
+    /// disk, not committed; on the writer thread under async saves); -1 = never. For the
+    /// crash-safety tests.
+    kill_during_save_at_step: i64 = -1,
 });
 
 section!(
