@@ -32,11 +32,44 @@ struct FileEntry {
 /// `{dump_folder}/{checkpoint.folder}`: the set of step checkpoints.
 pub struct CheckpointFolder {
     root: PathBuf,
+    /// Folders being deleted in the background (old checkpoints), joined on drop.
+    deleting: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for CheckpointFolder {
+    fn drop(&mut self) {
+        for h in self.deleting.get_mut().map(std::mem::take).unwrap_or_default() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Whether a dot-folder in the root is this process's work in progress (a partial save, or a
+/// folder being deleted), not a leftover of a process that died.
+fn is_ours(name: &str) -> bool {
+    let pid = std::process::id();
+    name.ends_with(&format!(".partial-{pid}")) || name.contains(&format!(".trash-{pid}-"))
 }
 
 impl CheckpointFolder {
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into() }
+        Self { root: root.into(), deleting: Default::default() }
+    }
+
+    /// Moves `dir` out of sight (one rename) and deletes it on a background thread, so that
+    /// training does not wait for old checkpoints to be unlinked. A deletion cut short by the
+    /// process exiting is finished by a later [`Self::prune`].
+    fn discard(&self, dir: &Path) -> Result<()> {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let trash = self.root.join(format!(".{name}.trash-{}-{n}", std::process::id()));
+        fs::rename(dir, &trash).with_context(|| format!("removing {}", dir.display()))?;
+        let h = std::thread::spawn(move || {
+            let _ = fs::remove_dir_all(&trash);
+        });
+        self.deleting.lock().unwrap().push(h);
+        Ok(())
     }
 
     pub fn root(&self) -> &Path {
@@ -114,7 +147,7 @@ impl CheckpointFolder {
         if let Ok(entries) = fs::read_dir(&self.root) {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
-                if name.starts_with(".step-") && !name.ends_with(&format!("-{}", std::process::id())) {
+                if name.starts_with(".step-") && !is_ours(&name) {
                     let _ = fs::remove_dir_all(e.path());
                 }
             }
@@ -124,7 +157,7 @@ impl CheckpointFolder {
         }
         let steps = self.steps()?;
         for s in steps.iter().take(steps.len().saturating_sub(keep_latest_k)) {
-            fs::remove_dir_all(self.step_dir(*s)).with_context(|| format!("removing old checkpoint step-{s}"))?;
+            self.discard(&self.step_dir(*s)).with_context(|| format!("removing old checkpoint step-{s}"))?;
         }
         Ok(())
     }

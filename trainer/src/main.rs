@@ -150,6 +150,19 @@ enum BenchKind {
         #[command(flatten)]
         config: ConfigArgs,
     },
+    /// Checkpoint saves on the configured mesh (ranks as threads) in alternating rounds: the
+    /// gathered save (rank 0 writes full tensors), the sharded save, and the async sharded save
+    /// with training steps running during the write: wall time, time training is blocked,
+    /// per-rank peak memory.
+    Checkpoint {
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Training steps during each async write.
+        #[arg(long, default_value_t = 2)]
+        steps: usize,
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
     /// All-reduce, all-gather, reduce-scatter, broadcast and send/recv from 1 KiB to 64 MiB,
     /// results checked, with times and bandwidths.
     Comm {
@@ -261,6 +274,19 @@ fn run(cli: Cli) -> Result<()> {
             let peaks = peak_gbs.zip(peak_tflops);
             bench_kernels::print_table(&rows, &format!("{} ({})", cfg.training.device, cfg.model.flavor), peaks);
         }
+        Command::Bench { kind: BenchKind::Checkpoint { mut rounds, mut steps, config } } => {
+            let (cfg, flags) = config.load_with_flags(&["rounds", "steps"])?;
+            for (k, v) in flags {
+                let n: usize = v.parse().with_context(|| format!("--{k} {v}: expected a number"))?;
+                if k == "rounds" {
+                    rounds = n
+                } else {
+                    steps = n
+                }
+            }
+            set_threads(&cfg)?;
+            print!("{}", titan_rs::bench::checkpoint::bench(cfg, rounds.max(1), steps)?);
+        }
         Command::Bench { kind: BenchKind::Train { mut warmup, mut steps, mut baseline, mut rounds, config } } => {
             let (cfg, flags) = config.load_with_flags(&["warmup", "steps", "baseline", "rounds"])?;
             for (k, v) in flags {
@@ -315,6 +341,9 @@ fn run(cli: Cli) -> Result<()> {
     }
     Ok(())
 }
+
+#[global_allocator]
+static ALLOC: titan_rs::alloc::Counting = titan_rs::alloc::Counting;
 
 fn main() -> ExitCode {
     titan_rs::alloc::keep_freed_memory();

@@ -117,6 +117,7 @@ impl Placement {
 
     /// Full tensors from this rank's pieces (collectives over the shard and TP groups, in key
     /// order on every rank): FSDP shards are gathered first, then TP slices along their dim.
+    /// The previous (gathered) checkpoint save, kept as `bench checkpoint`'s baseline.
     pub fn gather_full(&self, mut map: TensorMap, rank: &RankContext) -> Result<TensorMap> {
         if let (Some(s), Some(g)) = (&self.fsdp, &rank.fsdp) {
             map = with_group(g.id(), |c| state::unshard(map, s, c, param_path))?;

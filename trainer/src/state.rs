@@ -71,7 +71,7 @@ pub fn model_to_tensors<M: Module>(model: &M) -> TensorMap {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
             let t = p.val();
             let shape = t.dims().to_vec();
-            let data = t.into_data().try_to_vec::<f32>().expect("f32 parameters");
+            let data = t.into_data().try_into_vec::<f32>().expect("f32 parameters");
             self.out.insert(self.path.join(), HostTensor { shape, data });
         }
     }

@@ -96,11 +96,9 @@ impl Trainer {
         let start = Instant::now();
         let model_only = self.cfg.checkpoint.last_save_model_only && self.step == self.cfg.training.steps as u64;
         let slots = slots::slots(&self.model, &self.placement, &self.layout, &self.rank);
-        let pieces = {
-            let model = state::model_to_tensors(&self.model);
-            let optim = (!model_only).then(|| self.optim.state_dict(&self.model));
-            slots::pieces(&slots, &model, optim.as_ref())
-        };
+        let model = state::model_to_tensors(&self.model);
+        let optim = (!model_only).then(|| self.optim.state_dict(&self.model));
+        let pieces = slots::pieces(&slots, model, optim);
         let files = if self.world().0.is_none_or(|c| c.rank() == 0) {
             let ts = TrainState {
                 step: self.step,

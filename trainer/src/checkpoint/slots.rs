@@ -62,21 +62,20 @@ fn moment_key(prefix: &str, key: &str) -> String {
 pub const MOMENTS: [&str; 2] = ["exp_avg", "exp_avg_sq"];
 
 /// This rank's pieces of the model (`model`: local path → stored tensor) and of the optimizer
-/// state (`optim`: `exp_avg.<local path>` → stored tensor), padding rows dropped.
-pub fn pieces(slots: &[Slot], model: &TensorMap, optim: Option<&TensorMap>) -> Vec<Piece> {
+/// state (`optim`: `exp_avg.<local path>` → stored tensor), padding rows dropped. The values
+/// move into the pieces (no copy: the staged tensors are the pieces).
+pub fn pieces(slots: &[Slot], mut model: TensorMap, mut optim: Option<TensorMap>) -> Vec<Piece> {
     let mut out = Vec::new();
-    let mut add = |key: String, s: &Slot, t: &HostTensor| {
-        if s.region.numel() > 0 {
-            let data = t.data[..s.region.numel()].to_vec();
-            out.push(Piece { key, shape: s.shape.clone(), region: s.region.clone(), data });
+    let mut add = |key: String, s: &Slot, t: Option<HostTensor>| {
+        if let Some(mut t) = t.filter(|_| s.region.numel() > 0) {
+            t.data.truncate(s.region.numel());
+            out.push(Piece { key, shape: s.shape.clone(), region: s.region.clone(), data: t.data });
         }
     };
     for s in slots {
-        add(s.key.clone(), s, &model[&s.local]);
+        add(s.key.clone(), s, model.remove(&s.local));
         for m in MOMENTS {
-            if let Some(t) = optim.and_then(|o| o.get(&moment_key(m, &s.local))) {
-                add(moment_key(m, &s.key), s, t);
-            }
+            add(moment_key(m, &s.key), s, optim.as_mut().and_then(|o| o.remove(&moment_key(m, &s.local))));
         }
     }
     out

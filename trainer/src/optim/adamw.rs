@@ -85,7 +85,7 @@ impl AdamW {
         for (path, m) in &self.state {
             let shape = shapes[path].clone();
             for (prefix, t) in [("exp_avg", &m.exp_avg), ("exp_avg_sq", &m.exp_avg_sq)] {
-                let data = t.to_data().try_to_vec::<f32>().expect("f32 optimizer state");
+                let data = t.to_data().try_into_vec::<f32>().expect("f32 optimizer state");
                 out.insert(format!("{prefix}.{path}"), HostTensor { shape: shape.clone(), data });
             }
         }
