@@ -136,3 +136,40 @@ fn checkpoint_keys_as_torchtitan() {
     let o = run(&more, &["--checkpoint.async_mode", "async_with_pinned_mem"]);
     assert_clean_error(&o, &["checkpoint.async_mode", "\"async\""]);
 }
+
+/// A checkpoint of the previous, consolidated format (full tensors in `model.safetensors` and
+/// `optimizer.safetensors`, written by rank 0) resumes under FSDP 2, each rank reading its rows.
+#[test]
+fn consolidated_checkpoints_of_the_previous_format_still_load() {
+    use titan_checkpoints::{save_tensors, CheckpointFolder, HostTensor, TensorMap};
+    let d = tempfile::tempdir().unwrap();
+    let fsdp = "--parallelism.data_parallel_shard_degree 2 --training.local_batch_size 2";
+    let straight = layout_run(&d.path().join("straight"), &format!("{fsdp} --training.global_batch_size 4"), 4);
+    let saved = d.path().join("saved");
+    layout_run(&saved, &format!("{fsdp} --training.global_batch_size 4 {CK} --debug.stop_at_step 2"), 4);
+    // Rewrite step-2 in the old format.
+    let step2 = saved.join("checkpoint/step-2");
+    let full = d.path().join("full.safetensors");
+    assert_ok(&titan(&["checkpoint", "consolidate", step2.to_str().unwrap(), full.to_str().unwrap()]));
+    let src = FileReader::open(&full).unwrap();
+    let (mut model, mut optim) = (TensorMap::new(), TensorMap::new());
+    for (k, shape) in src.shapes() {
+        let t = HostTensor { data: src.read(&k, &Region::full(&shape)).unwrap(), shape };
+        if k.starts_with("exp_avg") { optim.insert(k, t) } else { model.insert(k, t) };
+    }
+    let (state, config) = (std::fs::read(step2.join("train_state.json")).unwrap(), std::fs::read(step2.join("config.toml")).unwrap());
+    let old = d.path().join("old");
+    let folder = CheckpointFolder::new(old.join("checkpoint"));
+    let mut p = folder.begin(2).unwrap();
+    p.write("model.safetensors", &save_tensors(&model, Default::default()).unwrap()).unwrap();
+    p.write("optimizer.safetensors", &save_tensors(&optim, Default::default()).unwrap()).unwrap();
+    p.write("train_state.json", &state).unwrap();
+    p.write("config.toml", &config).unwrap();
+    p.commit().unwrap();
+    drop(folder);
+    std::fs::copy(saved.join("metrics.jsonl"), old.join("metrics.jsonl")).unwrap();
+    let out = assert_ok(&titan(&["checkpoint", "inspect", old.join("checkpoint").to_str().unwrap()]));
+    assert!(out.contains("consolidated") && out.contains("layers.1.feed_forward.w1.weight"), "{out}");
+    let got = layout_run(&old, &format!("{fsdp} --training.global_batch_size 4 {CK}"), 4);
+    assert_eq!(got, straight, "the old format resumes bit for bit under the layout that saved it");
+}

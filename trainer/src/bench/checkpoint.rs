@@ -16,12 +16,11 @@ use crate::pipeline::gather_stages;
 use crate::rank::RankContext;
 use crate::state;
 use crate::trainer::Trainer;
-use anyhow::{anyhow, Result};
+use anyhow::Result;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use titan_checkpoints::{save_tensors, CheckpointFolder};
-use titan_parallel::{run_ranks_or_exit, MeshGroups};
 
 pub const MODES: [&str; 3] = ["gathered (rank 0 writes)", "sharded", "sharded async"];
 
@@ -116,17 +115,8 @@ pub fn bench(mut cfg: JobConfig, rounds: usize, steps: usize) -> Result<String> 
     cfg.checkpoint.keep_latest_k = 1;
     cfg.validation.enable = false;
     cfg.training.steps = i64::MAX / 2;
-    let dims = cfg.parallelism.dims(None).map_err(|e| anyhow!(e))?;
-    let ranks = dims.world_size;
-    let all = if ranks == 1 {
-        vec![rank_bench(cfg.clone(), RankContext::single(), rounds, steps)?]
-    } else {
-        let timeout = Duration::from_secs_f64(cfg.comm.timeout_seconds);
-        run_ranks_or_exit(ranks, timeout, Duration::from_secs(10), |comm| {
-            let groups = MeshGroups::new(&comm, &dims)?;
-            rank_bench(cfg.clone(), RankContext::new(groups), rounds, steps)
-        })?
-    };
+    let all = super::on_every_rank(&cfg, |rank| rank_bench(cfg.clone(), rank, rounds, steps))?;
+    let ranks = all.len();
     let _ = std::fs::remove_dir_all(&dump);
     let gib = |b: f64| b / (1u64 << 30) as f64;
     let mut s = format!(
@@ -154,6 +144,17 @@ pub fn bench(mut cfg: JobConfig, rounds: usize, steps: usize) -> Result<String> 
         debug_assert!(all.iter().all(|r| r.iter().all(|x| x.mode < MODES.len())));
         s += &format!("| {name} | {w:.2} [{w0:.2}–{w1:.2}] | {b:.2} [{b0:.2}–{b1:.2}] | {p0:.3} | {pm:.3} |\n");
     }
+    // Same-round ratios (rank 0): each round's modes ran back to back.
+    let ratio = |num: usize, den: usize, f: &dyn Fn(&Sample) -> f64| {
+        stats((0..rounds).map(|r| f(&all[0][r * MODES.len() + num]) / f(&all[0][r * MODES.len() + den])).collect())
+    };
+    let (a, a0, a1) = ratio(2, 1, &|x| x.blocked);
+    let (w, w0, w1) = ratio(0, 1, &|x| x.wall);
+    let (m, m0, m1) = ratio(0, 1, &|x| x.peak_bytes);
+    s += &format!(
+        "same-round ratios: gathered / sharded wall {w:.1}× [{w0:.1}–{w1:.1}], rank-0 peak {m:.1}× [{m0:.1}–{m1:.1}]; async blocked / sync save {:.0}% [{:.0}–{:.0}%]\n",
+        a * 100.0, a0 * 100.0, a1 * 100.0
+    );
     Ok(s)
 }
 

@@ -10,3 +10,23 @@ pub mod checkpoint;
 pub mod comm;
 pub mod kernels;
 pub mod train;
+
+use crate::config::JobConfig;
+use crate::rank::RankContext;
+use anyhow::{anyhow, Result};
+use std::time::Duration;
+use titan_parallel::{run_ranks_or_exit, MeshGroups};
+
+/// Runs `f` on every rank of the config's mesh (threads of this process); the results in rank
+/// order.
+pub fn on_every_rank<T: Send>(cfg: &JobConfig, f: impl Fn(RankContext) -> Result<T> + Sync) -> Result<Vec<T>> {
+    let dims = cfg.parallelism.dims(None).map_err(|e| anyhow!(e))?;
+    if dims.world_size == 1 {
+        return Ok(vec![f(RankContext::single())?]);
+    }
+    let timeout = Duration::from_secs_f64(cfg.comm.timeout_seconds);
+    run_ranks_or_exit(dims.world_size, timeout, Duration::from_secs(10), |comm| {
+        let groups = MeshGroups::new(&comm, &dims)?;
+        f(RankContext::new(groups))
+    })
+}

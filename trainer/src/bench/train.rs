@@ -6,8 +6,6 @@ use crate::metrics::peak;
 use crate::rank::RankContext;
 use crate::trainer::{StepStats, Trainer};
 use anyhow::{anyhow, bail, Context, Result};
-use std::time::Duration;
-use titan_parallel::{run_ranks_or_exit, MeshGroups};
 
 pub struct BenchResult {
     pub ranks: usize,
@@ -39,17 +37,8 @@ pub fn bench(mut cfg: JobConfig, warmup: usize, steps: usize) -> Result<BenchRes
     cfg.checkpoint.enable = false;
     cfg.validation.enable = false;
     cfg.training.steps = cfg.training.steps.max((warmup + steps) as i64);
-    let dims = cfg.parallelism.dims(None).map_err(|e| anyhow!(e))?;
-    let ranks = dims.world_size;
-    let mut all = if ranks == 1 {
-        vec![time_rank(cfg.clone(), RankContext::single(), warmup, steps)?]
-    } else {
-        let timeout = Duration::from_secs_f64(cfg.comm.timeout_seconds);
-        run_ranks_or_exit(ranks, timeout, Duration::from_secs(10), |comm| {
-            let groups = MeshGroups::new(&comm, &dims)?;
-            time_rank(cfg.clone(), RankContext::new(groups), warmup, steps)
-        })?
-    };
+    let mut all = super::on_every_rank(&cfg, |rank| time_rank(cfg.clone(), rank, warmup, steps))?;
+    let ranks = all.len();
     for (stats, _) in &mut all {
         stats.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
     }
