@@ -197,10 +197,12 @@ impl PendingCheckpoint {
         let m = Manifest { format: FORMAT.into(), step: self.step, files };
         self.write(MANIFEST, serde_json::to_string_pretty(&m)?.as_bytes())?;
         if self.final_dir.exists() {
-            let old = self.final_dir.with_extension(format!("replaced-{}", std::process::id()));
-            fs::rename(&self.final_dir, &old)?;
-            fs::rename(&self.dir, &self.final_dir)?;
-            fs::remove_dir_all(&old)?;
+            // Swap the new folder and the old `step-N` in one atomic rename, so that a crash
+            // at any moment leaves one complete `step-N`; the old one is then under the partial
+            // name and removed with it.
+            exchange(&self.dir, &self.final_dir)
+                .with_context(|| format!("replacing {} with {}", self.final_dir.display(), self.dir.display()))?;
+            fs::remove_dir_all(&self.dir)?;
         } else {
             fs::rename(&self.dir, &self.final_dir)
                 .with_context(|| format!("renaming {} to {}", self.dir.display(), self.final_dir.display()))?;
@@ -211,6 +213,22 @@ impl PendingCheckpoint {
             }
         }
         Ok(self.final_dir.clone())
+    }
+}
+
+/// Atomically exchanges two paths (Linux `renameat2(RENAME_EXCHANGE)`).
+fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
+    let (a, b) = (c(a)?, c(b)?);
+    // SAFETY: two valid NUL-terminated paths; the call only renames.
+    let r = unsafe {
+        libc::syscall(libc::SYS_renameat2, libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_EXCHANGE)
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
