@@ -64,7 +64,7 @@ pub struct Trainer {
     val_batches: Vec<Batch>,
     pub(crate) checkpoints: CheckpointFolder,
     /// A checkpoint being written on a background thread (`checkpoint.async_mode = "async"`).
-    pub(crate) pending_save: Option<crate::checkpoint::PendingSave>,
+    pub(crate) pending_save: Option<crate::checkpoint::pending::PendingSave>,
     /// Seconds training has waited for checkpoint saves (staging, writing when synchronous,
     /// committing).
     pub checkpoint_blocked: f64,

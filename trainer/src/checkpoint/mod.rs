@@ -9,6 +9,7 @@
 //! every rank's writer has finished, or at the next save, or at the end of the run.
 
 mod group;
+pub mod pending;
 pub mod slots;
 
 use crate::config::to_toml;
@@ -18,9 +19,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use group::World;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::thread::JoinHandle;
 use std::time::Instant;
-use titan_checkpoints::sharded::commit::{finish, prepare, SaveRequest, WrittenSave};
+use pending::PendingSave;
+use titan_checkpoints::sharded::commit::{finish, prepare, SaveRequest};
 use titan_checkpoints::sharded::tools::open_sources;
 use titan_checkpoints::{CheckpointFolder, CheckpointReader};
 use titan_data::LoaderState;
@@ -63,11 +64,6 @@ pub fn open_step(path: &Path) -> Result<CheckpointReader> {
     CheckpointFolder::new(root).open(step)
 }
 
-/// A save being written on a background thread.
-pub struct PendingSave {
-    step: u64,
-    writer: JoinHandle<WrittenSave>,
-}
 
 impl Trainer {
     fn world(&self) -> World<'_> {
