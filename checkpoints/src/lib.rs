@@ -13,7 +13,7 @@ pub mod sharded;
 pub mod tensors;
 
 pub use folder::{CheckpointFolder, CheckpointReader, PendingCheckpoint};
-pub use region::Region;
-pub use sharded::read::{FileReader, ShardedReader, TensorSource};
+pub use region::{Elem, Region};
+pub use sharded::read::{FileReader, FolderReader, ShardedReader, TensorSource};
 pub use sharded::Piece;
 pub use tensors::{load_tensors, save_tensors, HostTensor, TensorMap};

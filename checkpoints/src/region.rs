@@ -70,14 +70,53 @@ impl Region {
     }
 }
 
+/// How the values of a stored tensor are encoded (little-endian).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Elem {
+    F32,
+    BF16,
+    F16,
+}
+
+impl Elem {
+    pub fn size(self) -> usize {
+        match self {
+            Elem::F32 => 4,
+            Elem::BF16 | Elem::F16 => 2,
+        }
+    }
+}
+
 /// Copies the part of `src` (a buffer holding box `src_region`, float32 little-endian bytes)
 /// that overlaps `dst_region` into `dst` (a buffer holding `dst_region`). Returns the elements
 /// copied.
 pub fn copy_overlap(src: &[u8], src_region: &Region, dst: &mut [f32], dst_region: &Region) -> usize {
+    copy_overlap_as(src, Elem::F32, src_region, dst, dst_region)
+}
+
+/// [`copy_overlap`] from values stored as `elem`, widened to float32 (exactly: every bfloat16
+/// and float16 value is a float32 value).
+pub fn copy_overlap_as(src: &[u8], elem: Elem, src_region: &Region, dst: &mut [f32], dst_region: &Region) -> usize {
     let Some(part) = src_region.intersect(dst_region) else { return 0 };
+    let k = elem.size();
     src_region.runs(dst_region, &part, |s, d, n| {
-        for (x, b) in dst[d..d + n].iter_mut().zip(src[s * 4..(s + n) * 4].chunks_exact(4)) {
-            *x = f32::from_le_bytes(b.try_into().unwrap());
+        let (bytes, out) = (&src[s * k..(s + n) * k], &mut dst[d..d + n]);
+        match elem {
+            Elem::F32 => {
+                for (x, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                    *x = f32::from_le_bytes(b.try_into().unwrap());
+                }
+            }
+            Elem::BF16 => {
+                for (x, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *x = f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16);
+                }
+            }
+            Elem::F16 => {
+                for (x, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *x = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+                }
+            }
         }
     });
     part.numel()
@@ -134,5 +173,11 @@ mod tests {
         let mut s = vec![0f32; 1];
         copy_overlap(&bytes(&[7.]), &Region::full(&[]), &mut s, &Region::full(&[]));
         assert_eq!(s, vec![7.]);
+        // bfloat16 1.5 = 0x3fc0, float16 -2.0 = 0xc000.
+        let mut w = vec![0f32; 2];
+        copy_overlap_as(&[0xc0, 0x3f, 0x80, 0x3f], Elem::BF16, &Region::full(&[2]), &mut w, &Region::full(&[2]));
+        assert_eq!(w, vec![1.5, 1.0]);
+        copy_overlap_as(&[0x00, 0xc0], Elem::F16, &Region::full(&[1]), &mut w[..1], &Region::full(&[1]));
+        assert_eq!(w[0], -2.0);
     }
 }

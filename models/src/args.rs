@@ -1,5 +1,6 @@
 //! Model hyper-parameters, the named flavors, and the analytic parameter / FLOP counts.
 
+use crate::rope::RopeScaling;
 use serde::Serialize;
 
 /// Hyper-parameters of a Llama-3 model (TorchTitan's `TransformerModelArgs`).
@@ -14,6 +15,13 @@ pub struct ModelArgs {
     pub ffn_dim_multiplier: Option<f64>,
     pub norm_eps: f64,
     pub rope_theta: f64,
+    /// Llama-3.1+ RoPE frequency scaling (HF models); `None` for the flavors.
+    pub rope_scaling: Option<RopeScaling>,
+    /// The SwiGLU hidden size when given explicitly (HF `intermediate_size`); `None`: Llama-3's
+    /// rule from `multiple_of` and `ffn_dim_multiplier`.
+    pub ffn_hidden: Option<usize>,
+    /// The output head is the embedding table (Llama-3.2 1B/3B).
+    pub tie_word_embeddings: bool,
 }
 
 /// Flavor names accepted by `model.flavor`.
@@ -31,6 +39,9 @@ impl ModelArgs {
             ffn_dim_multiplier: None,
             norm_eps: 1e-5,
             rope_theta: 500_000.0,
+            rope_scaling: None,
+            ffn_hidden: None,
+            tie_word_embeddings: false,
         }
     }
 
@@ -69,6 +80,9 @@ impl ModelArgs {
     /// SwiGLU hidden size as Llama-3 computes it: 2/3 of 4·dim, times the multiplier,
     /// rounded up to `multiple_of`.
     pub fn ffn_hidden_dim(&self) -> usize {
+        if let Some(h) = self.ffn_hidden {
+            return h;
+        }
         let mut hidden = 2 * (4 * self.dim) / 3;
         if let Some(m) = self.ffn_dim_multiplier {
             hidden = (m * hidden as f64) as usize;
@@ -84,14 +98,20 @@ impl ModelArgs {
         attn + ffn + 2 * d
     }
 
-    /// Analytic parameter count: embedding + blocks + final norm + untied output head.
+    /// Analytic parameter count: embedding + blocks + final norm + output head (unless tied).
     pub fn num_params(&self) -> usize {
-        self.vocab_size * self.dim * 2 + self.n_layers * self.params_per_layer() + self.dim
+        let heads = if self.tie_word_embeddings { 1 } else { 2 };
+        self.vocab_size * self.dim * heads + self.n_layers * self.params_per_layer() + self.dim
     }
 
-    /// Parameters that take part in matmuls (everything but the embedding table).
+    /// Parameters that take part in matmuls (everything but the embedding lookup; a tied table
+    /// is the output head's matmul).
     pub fn num_matmul_params(&self) -> usize {
-        self.num_params() - self.vocab_size * self.dim
+        if self.tie_word_embeddings {
+            self.num_params()
+        } else {
+            self.num_params() - self.vocab_size * self.dim
+        }
     }
 
     /// Training FLOPs per token at context length `seq_len`, as TorchTitan counts them:

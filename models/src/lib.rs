@@ -6,6 +6,7 @@
 pub mod args;
 pub mod axes;
 pub mod checkpoint;
+pub mod hf_config;
 pub mod hooks;
 pub mod init;
 pub mod layers;
@@ -18,6 +19,7 @@ pub use axes::{LogicalAxis, ParamSpec};
 pub use checkpoint::{Checkpointing, Tape};
 pub use hooks::{ActivationHooks, Hooks};
 pub use llama::Transformer;
+pub use rope::RopeScaling;
 
 #[cfg(test)]
 mod tests;

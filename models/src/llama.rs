@@ -8,7 +8,7 @@ use crate::axes::{LogicalAxis, ParamSpec};
 use crate::checkpoint::{Checkpointing, Tape};
 use crate::hooks::Hooks;
 use crate::layers::{Embedding, Linear, RmsNorm};
-use crate::rope::RopeTables;
+use crate::rope::{RopeScaling, RopeTables};
 use burn::module::{ModuleVisitor, Param};
 use burn::prelude::*;
 use burn::tensor::module::attention;
@@ -144,6 +144,11 @@ pub struct Transformer {
     pub norm: Option<RmsNorm>,
     pub output: Option<Linear>,
     pub rope_theta: f64,
+    #[module(skip)]
+    pub rope_scaling: Option<RopeScaling>,
+    /// The output head is the embedding table (`output` is `None`; the whole model only).
+    #[module(skip)]
+    pub tie_word_embeddings: bool,
     pub head_dim: usize,
     /// Use the fused RMSNorm, SwiGLU and RoPE kernels where the device has them (GPUs).
     pub fused_kernels: bool,
@@ -176,8 +181,11 @@ impl Transformer {
             first_layer: layers.start,
             layers: layers.map(|l| TransformerBlock::new(a, seed, l, device)).collect(),
             norm: last.then(|| RmsNorm::new(seed, "norm", a.dim, a.norm_eps, device)),
-            output: last.then(|| Linear::new(seed, "output", a.dim, a.vocab_size, (a.dim as f64).powf(-0.5), device)),
+            output: (last && !a.tie_word_embeddings)
+                .then(|| Linear::new(seed, "output", a.dim, a.vocab_size, (a.dim as f64).powf(-0.5), device)),
             rope_theta: a.rope_theta,
+            rope_scaling: a.rope_scaling,
+            tie_word_embeddings: a.tie_word_embeddings,
             head_dim: a.head_dim(),
             fused_kernels: true,
             compute_dtype: None,
@@ -253,7 +261,7 @@ impl Transformer {
         if let Some(dtype) = self.compute_dtype {
             h = h.cast(dtype);
         }
-        let mut rope = RopeTables::new(self.rope_theta, self.head_dim, 0, seq_len, &h.device());
+        let mut rope = RopeTables::new(self.rope_theta, self.rope_scaling.as_ref(), self.head_dim, 0, seq_len, &h.device());
         rope.fused = self.fused_kernels;
         let mut tape = Tape::new();
         let autodiff = h.device().is_autodiff();
@@ -267,10 +275,16 @@ impl Transformer {
                 traced(|| self.block_name(i), h, |h| layer.forward(h, &rope, &self.hooks))
             };
         }
-        let out = match (&self.norm, &self.output) {
+        let out = match (&self.norm, &self.output, &self.tok_embeddings) {
             // Logits in float32 for the loss, whatever the compute type.
-            (Some(norm), Some(output)) => traced(|| "output".into(), h, |h| {
+            (Some(norm), Some(output), _) => traced(|| "output".into(), h, |h| {
                 output.forward(self.hooks.column_input(norm.forward(h))).cast(burn::tensor::FloatDType::F32)
+            }),
+            // Tied: logits = h · Eᵀ (under TP, this rank's vocabulary rows of E: its logits slice).
+            (Some(norm), None, Some(e)) if self.tie_word_embeddings => traced(|| "output".into(), h, |h| {
+                let x = self.hooks.column_input(norm.forward(h));
+                let w = e.weight.val().cast(x.dtype()).transpose().unsqueeze::<3>();
+                x.matmul(w).cast(burn::tensor::FloatDType::F32)
             }),
             _ => h,
         };

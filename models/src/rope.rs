@@ -5,6 +5,34 @@
 
 use burn::prelude::*;
 
+/// Llama-3.1's RoPE frequency scaling (`rope_scaling` / `rope_parameters` of type `llama3`):
+/// frequencies whose wavelength exceeds `original_max_position_embeddings / low_freq_factor` are
+/// divided by `factor`, those shorter than `… / high_freq_factor` kept, and the band between
+/// interpolated smoothly.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct RopeScaling {
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_max_position_embeddings: f64,
+}
+
+impl RopeScaling {
+    pub fn scale(&self, inv_freq: f64) -> f64 {
+        let old = self.original_max_position_embeddings;
+        let (low_wavelen, high_wavelen) = (old / self.low_freq_factor, old / self.high_freq_factor);
+        let wavelen = 2.0 * std::f64::consts::PI / inv_freq;
+        if wavelen < high_wavelen {
+            inv_freq
+        } else if wavelen > low_wavelen {
+            inv_freq / self.factor
+        } else {
+            let smooth = (old / wavelen - self.low_freq_factor) / (self.high_freq_factor - self.low_freq_factor);
+            (1.0 - smooth) * inv_freq / self.factor + smooth * inv_freq
+        }
+    }
+}
+
 /// cos and sin tables of shape `[1, 1, T, head_dim]`, positions `start..start+T`.
 #[derive(Clone)]
 pub struct RopeTables {
@@ -15,14 +43,19 @@ pub struct RopeTables {
 }
 
 impl RopeTables {
-    pub fn new(theta: f64, head_dim: usize, start: usize, len: usize, device: &Device) -> Self {
+    pub fn new(theta: f64, scaling: Option<&RopeScaling>, head_dim: usize, start: usize, len: usize, device: &Device) -> Self {
         let half = head_dim / 2;
+        let freqs: Vec<f64> = (0..half)
+            .map(|i| {
+                let f = 1.0 / theta.powf((2 * i) as f64 / head_dim as f64);
+                scaling.map_or(f, |s| s.scale(f))
+            })
+            .collect();
         let mut cos = Vec::with_capacity(len * head_dim);
         let mut sin = Vec::with_capacity(len * head_dim);
         for pos in start..start + len {
             for _ in 0..2 {
-                for i in 0..half {
-                    let freq = 1.0 / theta.powf((2 * i) as f64 / head_dim as f64);
+                for freq in &freqs {
                     let angle = pos as f64 * freq;
                     cos.push(angle.cos() as f32);
                     sin.push(angle.sin() as f32);

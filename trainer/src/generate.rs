@@ -11,9 +11,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::path::Path;
 use titan_checkpoints::sharded::tools::open_sources;
-use titan_checkpoints::{HostTensor, Region, TensorMap};
+use titan_checkpoints::{HostTensor, Region, TensorMap, TensorSource};
 use titan_data::Tokenizer;
-use titan_models::ModelArgs;
+use titan_models::Transformer;
 
 pub struct GenerateOptions {
     pub prompt: String,
@@ -24,15 +24,8 @@ pub struct GenerateOptions {
     pub context: usize,
 }
 
-pub fn generate(checkpoint: &Path, o: &GenerateOptions) -> Result<String> {
-    let reader = crate::checkpoint::open_step(checkpoint)?;
-    let cfg = load_config(Some(&reader.path("config.toml")), &[]).context("the checkpoint's config.toml")?;
-    let args = ModelArgs::flavor(&cfg.model.flavor).expect("validated");
-    let tokenizer = Tokenizer::from_file(&paths::tokenizer(&cfg.model))?;
-    let device = Device::flex();
-    let sources = open_sources(reader.dir())?;
-    let src = sources[0].as_ref();
-    let fresh = build_model(&cfg, &args, 0, &device);
+/// Every parameter of `fresh` read in full from `src` (errors name the tensor and `src`).
+pub fn load_whole(fresh: Transformer, src: &dyn TensorSource, device: &Device) -> Result<Transformer> {
     let mut tensors = TensorMap::new();
     for (path, _) in param_shapes(&fresh) {
         if let Some(shape) = src.shape(&path) {
@@ -40,15 +33,31 @@ pub fn generate(checkpoint: &Path, o: &GenerateOptions) -> Result<String> {
             tensors.insert(path, HostTensor { shape, data });
         }
     }
-    let model = load_model_tensors(
-        fresh,
-        tensors,
-        &device,
-        &src.describe(),
-        &|p| p.to_string(),
-        &|_| false,
-    )
-    .map_err(|e| anyhow!(e))?;
+    load_model_tensors(fresh, tensors, device, &src.describe(), &|p| p.to_string(), &|_| false).map_err(|e| anyhow!(e))
+}
+
+/// Samples from a titan-rs checkpoint (a `step-N` folder, a folder of them, a dump folder) or a
+/// Hugging Face model folder (`config.json` + safetensors; its `tokenizer.json` if it has one).
+pub fn generate(checkpoint: &Path, o: &GenerateOptions) -> Result<String> {
+    let device = Device::flex();
+    let (model, tokenizer) = if crate::hf::is_hf_folder(checkpoint) {
+        let mut cfg = crate::config::JobConfig::default();
+        cfg.model.flavor = "hf".into();
+        cfg.model.hf_assets_path = checkpoint.display().to_string();
+        if !checkpoint.join("tokenizer.json").exists() {
+            cfg.model.tokenizer_path = paths::tokenizer(&crate::config::Model::default()).display().to_string();
+        }
+        let args = cfg.model_args().map_err(|e| anyhow!(e))?;
+        let src = crate::hf::HfSource::open(checkpoint)?;
+        (load_whole(build_model(&cfg, &args, 0, &device), &src, &device)?, Tokenizer::from_file(&paths::tokenizer(&cfg.model))?)
+    } else {
+        let reader = crate::checkpoint::open_step(checkpoint)?;
+        let cfg = load_config(Some(&reader.path("config.toml")), &[]).context("the checkpoint's config.toml")?;
+        let args = cfg.model_args().map_err(|e| anyhow!(e))?;
+        let sources = open_sources(reader.dir())?;
+        let model = load_whole(build_model(&cfg, &args, 0, &device), sources[0].as_ref(), &device)?;
+        (model, Tokenizer::from_file(&paths::tokenizer(&cfg.model))?)
+    };
 
     let mut ids: Vec<i64> = tokenizer.encode(&o.prompt)?.into_iter().map(i64::from).collect();
     if ids.is_empty() {

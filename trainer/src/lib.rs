@@ -8,6 +8,7 @@
 //!   writer, resharding resume), [`plan`] (`titan-rs plan`), [`memory`] (will it fit?).
 //! * [`metrics`]: console, `metrics.jsonl`, MFU peak, TensorBoard, plots, step traces.
 //! * [`bench`]: `titan-rs bench train | kernels | comm`.
+//! * [`hf`]: Hugging Face `LlamaForCausalLM` weights in and out.
 //! * [`generate`], [`device`], [`paths`], [`alloc`].
 
 pub mod alloc;
@@ -16,6 +17,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod device;
 pub mod generate;
+pub mod hf;
 pub mod memory;
 pub mod metrics;
 pub mod optim;

@@ -78,6 +78,11 @@ enum Command {
         #[arg(long, default_value_t = 256)]
         context: usize,
     },
+    /// Conversion between Hugging Face `LlamaForCausalLM` folders and titan-rs checkpoints.
+    Convert {
+        #[command(subcommand)]
+        command: ConvertCommand,
+    },
     /// Checkpoint tools (`DIR`: a `step-N` folder, or a folder holding them: the latest).
     Checkpoint {
         #[command(subcommand)]
@@ -92,6 +97,25 @@ enum Command {
     Trace {
         #[command(subcommand)]
         command: TraceCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConvertCommand {
+    /// An HF folder (config.json + safetensors, bf16/fp16/fp32) → `OUT/step-0`, a model-only
+    /// titan-rs checkpoint (train from it with `checkpoint.initial_load_path`).
+    FromHf { hf_dir: PathBuf, out: PathBuf },
+    /// A titan-rs checkpoint (step folder or a folder of them: the latest) → an HF folder that
+    /// transformers loads.
+    ToHf {
+        checkpoint: PathBuf,
+        out: PathBuf,
+        /// float32 | bfloat16
+        #[arg(long, default_value = "float32")]
+        dtype: String,
+        /// Cut the weights into files of at most this many MB (transformers: 5000).
+        #[arg(long, default_value_t = 5000)]
+        max_shard_mb: u64,
     },
 }
 
@@ -267,7 +291,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             set_threads(&cfg)?;
             let device = titan_rs::device::select(&cfg.training.device, cfg.training.device_index as usize)?;
-            let args = titan_models::ModelArgs::flavor(&cfg.model.flavor).expect("validated flavor");
+            let args = cfg.model_args().map_err(|e| anyhow::anyhow!(e))?;
             let t = &cfg.training;
             let shapes = bench_kernels::Shapes { batch: t.local_batch_size as usize, seq: t.seq_len as usize, args };
             let rows = bench_kernels::bench_kernels(&device, &shapes, iters.max(1))?;
@@ -323,6 +347,15 @@ fn run(cli: Cli) -> Result<()> {
                 last = Some(r);
             }
             bench_train::print_table(&label, &last.expect("at least one round"), Some(&b));
+        }
+        Command::Convert { command: ConvertCommand::FromHf { hf_dir, out } } => {
+            let (dir, n) = titan_rs::hf::convert::from_hf(&hf_dir, &out)?;
+            println!("wrote {} ({n} tensors)", dir.display());
+        }
+        Command::Convert { command: ConvertCommand::ToHf { checkpoint, out, dtype, max_shard_mb } } => {
+            let o = titan_rs::hf::export::ExportOptions { dtype, max_shard_bytes: max_shard_mb * 1_000_000, ..Default::default() };
+            let (n, bytes) = titan_rs::hf::convert::to_hf(&checkpoint, &out, &o)?;
+            println!("wrote {} ({n} tensors, {bytes} bytes of weights)", out.display());
         }
         Command::Checkpoint { command: CheckpointCommand::Inspect { dir } } => {
             let r = titan_rs::checkpoint::open_step(&dir)?;

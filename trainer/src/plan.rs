@@ -13,7 +13,7 @@ use titan_parallel::pp::{Schedule, StageSplit};
 /// The plan of `cfg` as text.
 pub fn plan(cfg: &JobConfig) -> Result<String> {
     let p = &cfg.parallelism;
-    let args = ModelArgs::flavor(&cfg.model.flavor).ok_or_else(|| anyhow!("unknown flavor"))?;
+    let args = cfg.model_args().map_err(|e| anyhow!(e))?;
     let dims = p.dims(None).map_err(|e| anyhow!(e))?;
     let local_batch = cfg.training.local_batch_size as usize;
     let layout = RankLayout::new(p, &args, local_batch, 0).map_err(|e| anyhow!(e))?;

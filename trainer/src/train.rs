@@ -312,6 +312,11 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
     if let Some(dir) = t.wait_for_pending_save()? {
         console(&log, &format!("saved checkpoint {} (written in the background)", dir.display()));
     }
+    if cfg.checkpoint.enable && cfg.checkpoint.last_save_in_hf && t.step == steps {
+        if let Some(dir) = t.export_hf()? {
+            console(&log, &format!("exported the model for Hugging Face: {}", dir.display()));
+        }
+    }
     let Some(log) = log.filter(|_| logs) else {
         return Ok(Summary { last_step: t.step, final_loss, final_val_loss: final_val });
     };

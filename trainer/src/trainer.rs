@@ -121,7 +121,7 @@ impl Trainer {
     /// Builds the model, data and optimizer; resumes from the latest checkpoint when
     /// checkpointing is on and one exists.
     pub fn new(cfg: JobConfig, rank: RankContext) -> Result<Self> {
-        let args = ModelArgs::flavor(&cfg.model.flavor).expect("validated flavor");
+        let args = cfg.model_args().map_err(|e| anyhow!(e))?;
         let device = crate::device::select(&cfg.training.device, cfg.training.device_index as usize)?.autodiff();
         let tokenizer = Tokenizer::from_file(&paths::tokenizer(&cfg.model))?;
         if tokenizer.vocab_size() > args.vocab_size {

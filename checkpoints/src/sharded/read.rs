@@ -2,7 +2,7 @@
 //! requested region are touched (and each chunk's CRC32 is checked the first time it is read).
 
 use super::{Chunk, Metadata, FORMAT, METADATA};
-use crate::region::{copy_overlap, Region};
+use crate::region::{copy_overlap, copy_overlap_as, Elem, Region};
 use anyhow::{anyhow, bail, Context, Result};
 use memmap2::Mmap;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -114,13 +114,14 @@ impl TensorSource for ShardedReader {
     }
 }
 
-/// One safetensors file of full float32 tensors (the consolidated checkpoint format, and the
-/// output of `checkpoint consolidate`).
+/// One safetensors file of full tensors (the consolidated checkpoint format, the output of
+/// `checkpoint consolidate`, a Hugging Face weight file), float32, bfloat16 or float16, read
+/// as float32.
 pub struct FileReader {
     path: PathBuf,
     map: Mmap,
-    /// Name → (shape, absolute byte range).
-    tensors: BTreeMap<String, (Vec<usize>, usize, usize)>,
+    /// Name → (shape, encoding, absolute byte range).
+    tensors: BTreeMap<String, (Vec<usize>, Elem, usize, usize)>,
 }
 
 impl FileReader {
@@ -132,14 +133,17 @@ impl FileReader {
             .map_err(|e| anyhow!("{} is not a valid safetensors file: {e:?}", path.display()))?;
         let mut tensors = BTreeMap::new();
         for (name, info) in meta.tensors() {
-            if info.dtype != safetensors::Dtype::F32 {
-                bail!("{}: tensor {name} has dtype {:?}; titan-rs checkpoints hold float32", path.display(), info.dtype);
-            }
+            let elem = match info.dtype {
+                safetensors::Dtype::F32 => Elem::F32,
+                safetensors::Dtype::BF16 => Elem::BF16,
+                safetensors::Dtype::F16 => Elem::F16,
+                d => bail!("{}: tensor {name} has dtype {d:?}; titan-rs reads float32, bfloat16 and float16", path.display()),
+            };
             let (s, e) = (8 + n + info.data_offsets.0, 8 + n + info.data_offsets.1);
             if e > map.len() {
                 bail!("{} is truncated: {name} ends at byte {e} of {}", path.display(), map.len());
             }
-            tensors.insert(name, (info.shape.clone(), s, e));
+            tensors.insert(name, (info.shape.clone(), elem, s, e));
         }
         Ok(Self { path: path.to_path_buf(), map, tensors })
     }
@@ -151,7 +155,7 @@ impl TensorSource for FileReader {
     }
 
     fn shapes(&self) -> BTreeMap<String, Vec<usize>> {
-        self.tensors.iter().map(|(k, (s, _, _))| (k.clone(), s.clone())).collect()
+        self.tensors.iter().map(|(k, t)| (k.clone(), t.0.clone())).collect()
     }
 
     fn shape(&self, key: &str) -> Option<Vec<usize>> {
@@ -159,9 +163,83 @@ impl TensorSource for FileReader {
     }
 
     fn read(&self, key: &str, region: &Region) -> Result<Vec<f32>> {
-        let (shape, s, e) = self.tensors.get(key).ok_or_else(|| anyhow!("{} has no tensor {key}", self.describe()))?;
+        let (shape, elem, s, e) = self.tensors.get(key).ok_or_else(|| anyhow!("{} has no tensor {key}", self.describe()))?;
         let mut out = vec![0f32; region.numel()];
-        copy_overlap(&self.map[*s..*e], &Region::full(shape), &mut out, region);
+        copy_overlap_as(&self.map[*s..*e], *elem, &Region::full(shape), &mut out, region);
         Ok(out)
+    }
+}
+
+/// The weights of a Hugging Face model folder: `model.safetensors`, or the files listed by
+/// `model.safetensors.index.json` (every listed file must exist and hold its tensors).
+pub struct FolderReader {
+    dir: PathBuf,
+    files: Vec<FileReader>,
+    /// Tensor → index into `files`.
+    by_name: BTreeMap<String, usize>,
+}
+
+impl FolderReader {
+    pub fn open(dir: &Path) -> Result<Self> {
+        let index = dir.join("model.safetensors.index.json");
+        let mut files = Vec::new();
+        let mut by_name = BTreeMap::new();
+        if index.exists() {
+            let text = fs::read_to_string(&index).with_context(|| format!("reading {}", index.display()))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", index.display()))?;
+            let map = v["weight_map"].as_object().ok_or_else(|| anyhow!("{} has no weight_map", index.display()))?;
+            let mut opened: BTreeMap<String, usize> = BTreeMap::new();
+            for (name, file) in map {
+                let file = file.as_str().ok_or_else(|| anyhow!("{}: the file of {name} is not a string", index.display()))?;
+                let i = match opened.get(file) {
+                    Some(i) => *i,
+                    None => {
+                        let p = dir.join(file);
+                        if !p.exists() {
+                            bail!("{} names {file} (holding {name}), which is missing from {}", index.display(), dir.display());
+                        }
+                        files.push(FileReader::open(&p)?);
+                        opened.insert(file.to_string(), files.len() - 1);
+                        files.len() - 1
+                    }
+                };
+                if files[i].shape(name).is_none() {
+                    bail!("{} says {file} holds {name}, but it does not", index.display());
+                }
+                by_name.insert(name.clone(), i);
+            }
+        } else {
+            let p = dir.join("model.safetensors");
+            if !p.exists() {
+                bail!("{} has neither model.safetensors nor model.safetensors.index.json", dir.display());
+            }
+            files.push(FileReader::open(&p)?);
+            by_name = files[0].shapes().into_keys().map(|k| (k, 0)).collect();
+        }
+        Ok(Self { dir: dir.to_path_buf(), files, by_name })
+    }
+
+    fn file_of(&self, key: &str) -> Result<&FileReader> {
+        let i = self.by_name.get(key).ok_or_else(|| anyhow!("{} has no tensor {key}", self.describe()))?;
+        Ok(&self.files[*i])
+    }
+}
+
+impl TensorSource for FolderReader {
+    fn describe(&self) -> String {
+        self.dir.display().to_string()
+    }
+
+    fn shapes(&self) -> BTreeMap<String, Vec<usize>> {
+        self.by_name.iter().map(|(k, i)| (k.clone(), self.files[*i].shape(k).expect("checked on open"))).collect()
+    }
+
+    fn shape(&self, key: &str) -> Option<Vec<usize>> {
+        self.file_of(key).ok()?.shape(key)
+    }
+
+    fn read(&self, key: &str, region: &Region) -> Result<Vec<f32>> {
+        self.file_of(key)?.read(key, region)
     }
 }

@@ -83,24 +83,33 @@ pub fn inspect(dir: &Path) -> Result<String> {
     Ok(s)
 }
 
-/// One tensor read from a source only when the writer asks for its bytes.
-struct Lazy<'a> {
-    src: &'a dyn TensorSource,
-    key: String,
-    shape: Vec<usize>,
-    error: &'a RefCell<Option<anyhow::Error>>,
+/// A tensor whose bytes are produced only when the writer reaches it.
+pub struct LazyTensor<'a> {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    pub bytes: Box<dyn Fn() -> Result<Vec<u8>> + 'a>,
 }
 
-impl View for Lazy<'_> {
+struct View1<'a, 'b> {
+    t: &'b LazyTensor<'a>,
+    error: &'b RefCell<Option<anyhow::Error>>,
+}
+
+impl View for View1<'_, '_> {
     fn dtype(&self) -> Dtype {
-        Dtype::F32
+        self.t.dtype
     }
     fn shape(&self) -> &[usize] {
-        &self.shape
+        &self.t.shape
     }
     fn data(&self) -> Cow<'_, [u8]> {
-        match self.src.read(&self.key, &Region::full(&self.shape)) {
-            Ok(v) => Cow::Owned(bytemuck::cast_slice(&v).to_vec()),
+        match (self.t.bytes)() {
+            Ok(v) if v.len() == self.data_len() => Cow::Owned(v),
+            Ok(v) => {
+                self.error.borrow_mut().get_or_insert(anyhow::anyhow!("{}: {} bytes produced, {} expected", self.t.name, v.len(), self.data_len()));
+                Cow::Owned(vec![0; self.data_len()])
+            }
             Err(e) => {
                 self.error.borrow_mut().get_or_insert(e);
                 Cow::Owned(vec![0; self.data_len()])
@@ -108,29 +117,97 @@ impl View for Lazy<'_> {
         }
     }
     fn data_len(&self) -> usize {
-        self.shape.iter().product::<usize>() * 4
+        self.t.shape.iter().product::<usize>() * self.t.dtype.size()
     }
+}
+
+/// Writes `tensors` into the safetensors file `path`, producing each one's bytes only when it is
+/// written (one tensor in memory at a time), then flushes it to disk. On any error the file is
+/// removed.
+pub fn stream_safetensors(path: &Path, tensors: &[LazyTensor<'_>], metadata: Option<std::collections::HashMap<String, String>>) -> Result<u64> {
+    let error = RefCell::new(None);
+    let views: Vec<_> = tensors.iter().map(|t| (t.name.clone(), View1 { t, error: &error })).collect();
+    let written = safetensors::serialize_to_file(views, &metadata, path).with_context(|| format!("writing {}", path.display()));
+    if let Some(e) = error.into_inner() {
+        let _ = fs::remove_file(path);
+        return Err(e);
+    }
+    written?;
+    let f = fs::File::open(path)?;
+    f.sync_all()?;
+    Ok(f.metadata()?.len())
 }
 
 /// Writes every tensor of the step folder `dir` in full into one safetensors file `out`,
 /// one tensor in memory at a time; `out` appears only complete. Returns tensors and bytes.
 pub fn consolidate(dir: &Path, out: &Path) -> Result<(usize, u64)> {
     let sources = open_sources(dir)?;
-    let error = RefCell::new(None);
-    let mut views = Vec::new();
+    let mut tensors = Vec::new();
     for src in &sources {
         for (key, shape) in src.shapes() {
-            views.push((key.clone(), Lazy { src: src.as_ref(), key, shape, error: &error }));
+            let (src, k, full) = (src.as_ref(), key.clone(), Region::full(&shape));
+            let bytes = Box::new(move || Ok(bytemuck::cast_slice(&src.read(&k, &full)?).to_vec()));
+            tensors.push(LazyTensor { name: key, dtype: Dtype::F32, shape, bytes });
         }
     }
-    let n = views.len();
     let tmp = out.with_extension("partial");
-    safetensors::serialize_to_file(views, &None, &tmp).with_context(|| format!("writing {}", tmp.display()))?;
-    if let Some(e) = error.into_inner() {
-        let _ = fs::remove_file(&tmp);
-        return Err(e.context(format!("consolidating {}", dir.display())));
-    }
-    fs::File::open(&tmp)?.sync_all()?;
+    stream_safetensors(&tmp, &tensors, None).with_context(|| format!("consolidating {}", dir.display()))?;
     fs::rename(&tmp, out).with_context(|| format!("renaming {} to {}", tmp.display(), out.display()))?;
-    Ok((n, fs::metadata(out)?.len()))
+    Ok((tensors.len(), fs::metadata(out)?.len()))
+}
+
+/// Writes every tensor of `src` in full as a one-file sharded checkpoint `step-{step}` of
+/// `folder` (metadata, `files`, manifest, atomic rename), one tensor in memory at a time.
+pub fn write_source(
+    folder: &crate::CheckpointFolder,
+    step: u64,
+    src: &dyn TensorSource,
+    files: &[(String, Vec<u8>)],
+    saved_under: &str,
+    model_only: bool,
+) -> Result<std::path::PathBuf> {
+    use super::{Chunk, Metadata, TensorMeta, FORMAT};
+    use std::collections::BTreeMap;
+    let mut pending = folder.begin(step)?;
+    let file = "rank-00000-of-00001.safetensors";
+    let path = pending.dir().join(file);
+    let shapes = src.shapes();
+    let crcs = RefCell::new(BTreeMap::new());
+    let tensors: Vec<LazyTensor> = shapes
+        .iter()
+        .map(|(key, shape)| {
+            let (k, full, crcs) = (key.clone(), Region::full(shape), &crcs);
+            let bytes = Box::new(move || {
+                let b = bytemuck::cast_slice(&src.read(&k, &full)?).to_vec();
+                crcs.borrow_mut().insert(k.clone(), crc32fast::hash(&b));
+                Ok(b)
+            });
+            LazyTensor { name: key.clone(), dtype: Dtype::F32, shape: shape.clone(), bytes }
+        })
+        .collect();
+    let bytes = stream_safetensors(&path, &tensors, None)?;
+    drop(tensors);
+    let f = fs::File::open(&path)?;
+    // SAFETY: the file was just written here and nothing else writes it.
+    let map = unsafe { memmap2::Mmap::map(&f) }?;
+    let (n, header) = safetensors::SafeTensors::read_metadata(&map).map_err(|e| anyhow::anyhow!("reading back {}: {e:?}", path.display()))?;
+    let crcs = crcs.into_inner();
+    let mut meta = Metadata { format: FORMAT.into(), step, saved_under: saved_under.into(), world_size: 1, model_only, tensors: BTreeMap::new() };
+    for (key, shape) in shapes {
+        let info = header.info(&key).expect("a written tensor");
+        let chunk = Chunk {
+            file: file.into(),
+            byte_offset: (8 + n + info.data_offsets.0) as u64,
+            byte_len: (info.data_offsets.1 - info.data_offsets.0) as u64,
+            region: Region::full(&shape),
+            crc32: crcs[&key],
+        };
+        meta.tensors.insert(key, TensorMeta { shape, dtype: "F32".into(), chunks: vec![chunk] });
+    }
+    pending.add_file(file, bytes, None);
+    pending.write(METADATA, serde_json::to_string_pretty(&meta)?.as_bytes())?;
+    for (name, b) in files {
+        pending.write(name, b)?;
+    }
+    pending.commit()
 }

@@ -54,7 +54,7 @@ pub fn bench(mut cfg: JobConfig, warmup: usize, steps: usize) -> Result<BenchRes
     // The whole job's throughput against the whole device (all ranks share it).
     let device = crate::device::select(&cfg.training.device, cfg.training.device_index as usize)?;
     let mut peak = peak::resolve(cfg.metrics.peak_tflops, &cfg.training.device, &device, &cfg.training.mixed_precision_param, 1);
-    let args = titan_models::ModelArgs::flavor(&cfg.model.flavor).expect("validated flavor");
+    let args = cfg.model_args().map_err(|e| anyhow!(e))?;
     let tflops = tps * args.flops_per_token(cfg.training.seq_len as usize) / 1e12;
     let (mfu, _) = crate::metrics::logger::mfu(tflops, &mut peak);
     Ok(BenchResult {
@@ -107,7 +107,7 @@ fn range(v: &[f64]) -> (f64, f64) {
 /// The command that measures PyTorch eager (Hugging Face's Llama, sdpa) on the same model
 /// shape, tokens per step and threads (`scripts/pytorch_baseline.py`).
 pub fn pytorch_command(cfg: &JobConfig, warmup: usize, steps: usize) -> Vec<String> {
-    let a = titan_models::ModelArgs::flavor(&cfg.model.flavor).expect("validated flavor");
+    let a = cfg.model_args().expect("validated model");
     let dp = cfg.parallelism.dims(None).map(|d| d.dp_replicate * d.dp_shard).unwrap_or(1);
     let threads = if cfg.training.threads > 0 { cfg.training.threads as usize } else { rayon::current_num_threads() };
     let script = crate::paths::resolve("scripts/pytorch_baseline.py");

@@ -23,7 +23,7 @@ use std::time::Instant;
 use pending::PendingSave;
 use titan_checkpoints::sharded::commit::{finish, prepare, SaveRequest};
 use titan_checkpoints::sharded::tools::open_sources;
-use titan_checkpoints::{CheckpointFolder, CheckpointReader};
+use titan_checkpoints::{CheckpointFolder, CheckpointReader, TensorSource};
 use titan_data::LoaderState;
 
 /// The parts `checkpoint.exclude_from_loading` may name.
@@ -136,6 +136,29 @@ impl Trainer {
         Ok(Some(dir))
     }
 
+    /// Writes the model of the latest committed checkpoint as a Hugging Face folder
+    /// `{checkpoint folder}/step-N-hf` (`checkpoint.last_save_in_hf`; world rank 0 only, after
+    /// the save has committed). Returns the folder.
+    pub fn export_hf(&mut self) -> Result<Option<PathBuf>> {
+        self.wait_for_pending_save()?;
+        if self.rank.world_rank != 0 {
+            return Ok(None);
+        }
+        let Some(step) = self.checkpoints.latest()? else { return Ok(None) };
+        let dir = self.checkpoints.step_dir(step);
+        let out = self.checkpoints.root().join(format!("step-{step}-hf"));
+        let sources = open_sources(&dir)?;
+        let tokenizer = Some(crate::paths::tokenizer(&self.cfg.model)).filter(|p| p.exists());
+        let o = crate::hf::export::ExportOptions {
+            dtype: self.cfg.checkpoint.export_dtype.clone(),
+            tokenizer,
+            max_position_embeddings: crate::hf::convert::max_positions(&self.cfg),
+            ..Default::default()
+        };
+        crate::hf::export::export(sources[0].as_ref(), &self.args, &out, &o)?;
+        Ok(Some(out))
+    }
+
     /// The step of the save being written in the background, if any.
     pub fn pending_save_step(&self) -> Option<u64> {
         self.pending_save.as_ref().map(|p| p.step)
@@ -167,6 +190,7 @@ impl Trainer {
         let step = match self.cfg.checkpoint.load_step {
             -1 => match steps.last() {
                 Some(s) => *s,
+                None if !self.cfg.checkpoint.initial_load_path.is_empty() => return self.initial_load(),
                 None => return Ok(()),
             },
             s if steps.contains(&(s as u64)) => s as u64,
@@ -181,8 +205,45 @@ impl Trainer {
         Ok(())
     }
 
+    /// Replaces this rank's parameters with their regions read from `src` (any layout).
+    fn load_model(&mut self, src: &dyn TensorSource, slots: &[slots::Slot]) -> Result<()> {
+        let mine = |key: &str| self.layout.local_key(key).is_some();
+        let tensors = slots::read_model(src, slots, &mine)?;
+        let read: usize = slots.iter().map(|s| s.region.numel()).sum();
+        let total: usize = src.shapes().iter().filter(|(k, _)| mine(k) && !k.starts_with("exp_avg")).map(|(_, s)| s.iter().product::<usize>()).sum();
+        tracing::info!("rank {}: read {read} of the {total} model values of its stages from {}", self.rank.world_rank, src.describe());
+        let model = std::mem::replace(&mut self.model, crate::rank::RankModel { chunks: Vec::new() });
+        self.model = state::set_local_tensors(model, tensors, &self.device);
+        Ok(())
+    }
+
+    /// Starts from `checkpoint.initial_load_path` (no checkpoint of this run exists yet): a
+    /// Hugging Face folder (`initial_load_in_hf`, the model only) or a titan-rs step folder
+    /// (the model only unless `initial_load_model_only = false`).
+    fn initial_load(&mut self) -> Result<()> {
+        let k = &self.cfg.checkpoint;
+        let path = crate::paths::resolve(&k.initial_load_path);
+        let slots = slots::slots(&self.model, &self.placement, &self.layout, &self.rank);
+        if k.initial_load_in_hf {
+            let src = crate::hf::HfSource::open(&path)
+                .with_context(|| format!("`checkpoint.initial_load_path` = {:?} (a Hugging Face folder)", k.initial_load_path))?;
+            self.load_model(&src, &slots).context("loading the Hugging Face weights")?;
+            tracing::info!("initialised from the Hugging Face model {}", path.display());
+            return Ok(());
+        }
+        let reader = open_step(&path).with_context(|| format!("`checkpoint.initial_load_path` = {:?}", k.initial_load_path))?;
+        if !k.initial_load_model_only {
+            return self.load_from(&reader).with_context(|| format!("cannot start from {}", reader.dir().display()));
+        }
+        let sources = open_sources(reader.dir())?;
+        self.load_model(sources[0].as_ref(), &slots).with_context(|| format!("cannot start from {}", reader.dir().display()))?;
+        tracing::info!("initialised from the model of {}", reader.dir().display());
+        Ok(())
+    }
+
     fn load_from(&mut self, r: &CheckpointReader) -> Result<()> {
-        let skip = |part: &str| self.cfg.checkpoint.exclude_from_loading.iter().any(|x| x == part);
+        let excluded = self.cfg.checkpoint.exclude_from_loading.clone();
+        let skip = |part: &str| excluded.iter().any(|x| x == part);
         let ts: TrainState = serde_json::from_slice(&r.read("train_state.json")?)
             .with_context(|| format!("{} is corrupt", r.path("train_state.json").display()))?;
         let sources = open_sources(r.dir())?;
@@ -190,12 +251,9 @@ impl Trainer {
         let (model_src, optim_src) = (sources[0].as_ref(), sources.last().expect("a source").as_ref());
         let slots = slots::slots(&self.model, &self.placement, &self.layout, &self.rank);
         if !skip("model") {
-            let mine = |key: &str| self.layout.local_key(key).is_some();
-            let tensors = slots::read_model(model_src, &slots, &mine).map_err(|e| {
+            self.load_model(model_src, &slots).map_err(|e| {
                 anyhow!("{e:#}; checkpoint flavor is {:?}, this config's is {:?}", ts.flavor, self.cfg.model.flavor)
             })?;
-            let model = std::mem::replace(&mut self.model, crate::rank::RankModel { chunks: Vec::new() });
-            self.model = state::set_local_tensors(model, tensors, &self.device);
         }
         let model_only = sources.len() == 1 && !optim_src.shapes().keys().any(|k| k.starts_with("exp_avg."));
         if !skip("optimizer") && ts.optimizer_step > 0 {

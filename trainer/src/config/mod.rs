@@ -37,6 +37,20 @@ impl Parallelism {
 }
 
 impl JobConfig {
+    /// The model's shape: a named flavor, or (`model.flavor = "hf"`) the `config.json` in
+    /// `model.hf_assets_path`. Errors name the file and the field.
+    pub fn model_args(&self) -> Result<titan_models::ModelArgs, String> {
+        if self.model.flavor == "hf" {
+            let p = crate::paths::resolve(&self.model.hf_assets_path).join("config.json");
+            let text = std::fs::read_to_string(&p).map_err(|e| {
+                format!("`model.flavor` = \"hf\" reads {}: {e}; set `model.hf_assets_path` to the folder of the model's config.json", p.display())
+            })?;
+            return titan_models::hf_config::from_hf_config(&text).map_err(|e| format!("{}: {e}", p.display()));
+        }
+        titan_models::ModelArgs::flavor(&self.model.flavor)
+            .ok_or_else(|| format!("`model.flavor` = {:?} is not a flavor; use one of {:?} or \"hf\"", self.model.flavor, titan_models::FLAVORS))
+    }
+
     /// Global batch in samples (resolving -1 for a single data-parallel rank).
     pub fn global_batch_size(&self, dp_degree: usize) -> usize {
         match self.training.global_batch_size {

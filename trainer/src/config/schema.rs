@@ -27,9 +27,10 @@ section!(Job {
 
 section!(Model {
     name: String = "llama3".into(),
-    /// tiny | debugmodel | small | 1B | 3B | 8B | 70B | 405B
+    /// tiny | debugmodel | small | 1B | 3B | 8B | 70B | 405B | hf (the shape from
+    /// `hf_assets_path`/config.json, a Hugging Face `LlamaForCausalLM`)
     flavor: String = "debugmodel".into(),
-    /// Folder holding `tokenizer.json`.
+    /// Folder holding `tokenizer.json` (and `config.json` for `flavor = "hf"`).
     hf_assets_path: String = "assets/tokenizer".into(),
     /// A `tokenizer.json` path; overrides `hf_assets_path` when set.
     tokenizer_path: String = String::new(),
@@ -124,6 +125,16 @@ section!(Checkpoint {
     exclude_from_loading: Vec<String> = Vec::new(),
     /// Also checkpoint after step 1.
     enable_first_step_checkpoint: bool = false,
+    /// Start from these weights when the checkpoint folder has no checkpoint yet: a titan-rs
+    /// step folder, or with `initial_load_in_hf` a Hugging Face model folder.
+    initial_load_path: String = String::new(),
+    initial_load_in_hf: bool = false,
+    /// Load only the model from `initial_load_path` (fresh optimizer, step 0).
+    initial_load_model_only: bool = true,
+    /// Also write the last step's model as a Hugging Face folder (`step-N-hf/`).
+    last_save_in_hf: bool = false,
+    /// "float32" | "bfloat16": the weights' type in Hugging Face exports.
+    export_dtype: String = "float32".into(),
 });
 
 section!(Metrics {

@@ -2,7 +2,7 @@
 
 use super::schema::JobConfig;
 use anyhow::{bail, Result};
-use titan_models::{ModelArgs, FLAVORS};
+use titan_models::FLAVORS;
 
 fn one_of(errors: &mut Vec<String>, key: &str, value: &str, allowed: &[&str]) {
     if !allowed.contains(&value) {
@@ -28,7 +28,9 @@ fn not_yet(errors: &mut Vec<String>, key: &str, value: i64, ok: &[i64]) {
 pub fn validate(c: &JobConfig) -> Result<()> {
     let mut e = Vec::new();
     one_of(&mut e, "model.name", &c.model.name, &["llama3"]);
-    one_of(&mut e, "model.flavor", &c.model.flavor, FLAVORS);
+    if c.model.flavor != "hf" {
+        one_of(&mut e, "model.flavor", &c.model.flavor, FLAVORS);
+    }
     one_of(&mut e, "model.attention", &c.model.attention, &["fused", "reference"]);
     one_of(&mut e, "model.kernels", &c.model.kernels, &["fused", "reference"]);
     one_of(&mut e, "optimizer.name", &c.optimizer.name, &["AdamW"]);
@@ -141,6 +143,7 @@ pub fn validate(c: &JobConfig) -> Result<()> {
     } else {
         one_of(&mut e, "checkpoint.async_mode", &k.async_mode, &["disabled", "async"]);
     }
+    one_of(&mut e, "checkpoint.export_dtype", &k.export_dtype, &["float32", "bfloat16"]);
     for x in &k.exclude_from_loading {
         one_of(&mut e, "checkpoint.exclude_from_loading", x, &crate::checkpoint::LOADABLE_PARTS);
     }
@@ -175,9 +178,23 @@ pub fn validate(c: &JobConfig) -> Result<()> {
             ));
         }
     }
-    if let Some(args) = ModelArgs::flavor(&c.model.flavor) {
+    let args = match c.model_args() {
+        Ok(a) => Some(a),
+        Err(msg) if c.model.flavor == "hf" => {
+            e.push(msg);
+            None
+        }
+        Err(_) => None, // an unknown flavor is reported above
+    };
+    if let Some(args) = args {
         if let Err(msg) = args.validate() {
             e.push(format!("`model.flavor` = {:?}: {msg}", c.model.flavor));
+        }
+        if args.tie_word_embeddings && p.pipeline_parallel_degree > 1 {
+            e.push(format!(
+                "the model ties its output head to the embedding (`tie_word_embeddings` in {}/config.json), which `parallelism.pipeline_parallel_degree` = {} would place on different stages; use 1 (TorchTitan has the same limit)",
+                c.model.hf_assets_path, p.pipeline_parallel_degree
+            ));
         }
         // The mesh rules and the model's divisibility, checked before anything starts.
         let dims = p.dims(None);

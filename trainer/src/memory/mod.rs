@@ -7,7 +7,6 @@ pub mod plan;
 use crate::config::JobConfig;
 use anyhow::{bail, Result};
 pub use plan::{rank_memory, RankMemory};
-use titan_models::ModelArgs;
 use titan_parallel::ParallelDims;
 
 pub fn gib(b: u64) -> f64 {
@@ -43,7 +42,7 @@ pub fn runtime_gib() -> f64 {
 /// they are threads (`ranks_here = None`); under MPI, `ranks_here` processes on this host, each
 /// counted at the largest stage's plan (which stages they hold is not known here).
 pub fn host_bytes(cfg: &JobConfig, dims: &ParallelDims, ranks_here: Option<usize>) -> Result<(u64, Vec<(usize, RankMemory)>)> {
-    let args = ModelArgs::flavor(&cfg.model.flavor).expect("validated flavor");
+    let args = cfg.model_args().map_err(|e| anyhow::anyhow!(e))?;
     let pp = dims.pp.max(1);
     let per_stage: Vec<RankMemory> = (0..pp).map(|r| rank_memory(cfg, &args, dims, r)).collect::<Result<_>>()?;
     let ranks_per_stage = dims.world_size / pp;
@@ -132,7 +131,7 @@ mod tests {
     #[test]
     fn one_rank_holds_16_bytes_per_parameter() {
         let (c, d) = cfg("debugmodel", 1, 1, 1);
-        let args = ModelArgs::flavor("debugmodel").unwrap();
+        let args = titan_models::ModelArgs::flavor("debugmodel").unwrap();
         let s = rank_memory(&c, &args, &d, 0).unwrap();
         let n = args.num_params() as u64;
         assert_eq!((s.params, s.grads, s.optimizer, s.gathered), (4 * n, 4 * n, 8 * n, 0));
@@ -140,7 +139,7 @@ mod tests {
 
     #[test]
     fn sharding_splits_the_state_and_the_host_total_counts_every_rank() {
-        let args = ModelArgs::flavor("debugmodel").unwrap();
+        let args = titan_models::ModelArgs::flavor("debugmodel").unwrap();
         let n = args.num_params() as u64;
         let (c, d) = cfg("debugmodel", 2, 2, 2);
         let stages: Vec<RankMemory> = (0..2).map(|r| rank_memory(&c, &args, &d, r).unwrap()).collect();

@@ -1,0 +1,58 @@
+//! `titan-rs convert from-hf` and `convert to-hf`: offline conversion between a Hugging Face
+//! `LlamaForCausalLM` folder and a titan-rs checkpoint, one tensor in memory at a time.
+
+use super::export::{export, ExportOptions};
+use super::HfSource;
+use crate::config::{to_toml, JobConfig};
+use anyhow::{anyhow, Context, Result};
+use std::path::{Path, PathBuf};
+use titan_checkpoints::sharded::tools::{open_sources, write_source};
+use titan_checkpoints::CheckpointFolder;
+use titan_models::hf_config::from_hf_config;
+
+/// Writes the HF model in `hf_dir` as the titan-rs checkpoint `out/step-0` (model only: start
+/// training from it with `checkpoint.initial_load_path`). Returns the step folder and tensors.
+pub fn from_hf(hf_dir: &Path, out: &Path) -> Result<(PathBuf, usize)> {
+    let cfg_path = hf_dir.join("config.json");
+    let text = std::fs::read_to_string(&cfg_path).with_context(|| format!("reading {}", cfg_path.display()))?;
+    let args = from_hf_config(&text).map_err(|e| anyhow!("{}: {e}", cfg_path.display()))?;
+    let src = HfSource::open(hf_dir)?;
+    let n = src.shapes_count();
+    let mut cfg = JobConfig::default();
+    cfg.model.flavor = "hf".into();
+    cfg.model.hf_assets_path = std::fs::canonicalize(hf_dir)?.display().to_string();
+    let state = serde_json::json!({
+        "step": 0, "optimizer_step": 0, "loader": { "samples_consumed": 0 }, "seed": 0, "flavor": "hf",
+    });
+    let files = [
+        ("train_state.json".to_string(), serde_json::to_vec_pretty(&state)?),
+        ("config.toml".to_string(), to_toml(&cfg).into_bytes()),
+    ];
+    let under = format!("converted from {} ({} layers, dim {})", hf_dir.display(), args.n_layers, args.dim);
+    let dir = write_source(&CheckpointFolder::new(out), 0, &src, &files, &under, true)?;
+    Ok((dir, n))
+}
+
+/// Writes the model of the titan-rs checkpoint `ckpt` (a step folder, or the latest in a folder)
+/// as an HF folder `out`. Returns tensors and weight bytes.
+pub fn to_hf(ckpt: &Path, out: &Path, o: &ExportOptions) -> Result<(usize, u64)> {
+    let reader = crate::checkpoint::open_step(ckpt)?;
+    let cfg = crate::config::load_config(Some(&reader.path("config.toml")), &[]).context("the checkpoint's config.toml")?;
+    let args = cfg.model_args().map_err(|e| anyhow!(e))?;
+    let sources = open_sources(reader.dir())?;
+    let tokenizer = o.tokenizer.clone().or_else(|| Some(crate::paths::tokenizer(&cfg.model)).filter(|p| p.exists()));
+    let max_position_embeddings = max_positions(&cfg);
+    export(sources[0].as_ref(), &args, out, &ExportOptions { tokenizer, max_position_embeddings, dtype: o.dtype.clone(), max_shard_bytes: o.max_shard_bytes })
+}
+
+/// `max_position_embeddings` of an export: the HF model's own (`flavor = "hf"`), else the
+/// training sequence length.
+pub fn max_positions(cfg: &JobConfig) -> usize {
+    let hf = crate::paths::resolve(&cfg.model.hf_assets_path).join("config.json");
+    let own = (cfg.model.flavor == "hf")
+        .then(|| std::fs::read_to_string(hf).ok())
+        .flatten()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["max_position_embeddings"].as_u64());
+    own.map_or(cfg.training.seq_len as usize, |m| m as usize)
+}

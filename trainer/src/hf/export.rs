@@ -1,0 +1,110 @@
+//! A titan-rs model written as a Hugging Face folder: `config.json`, `generation_config.json`,
+//! safetensors shards (+ `model.safetensors.index.json` when there is more than one, as
+//! transformers writes them), the tokenizer. Streamed: one tensor in memory at a time; the
+//! folder appears complete or not at all.
+
+use super::{to_hf, transpose};
+use anyhow::{anyhow, bail, Context, Result};
+use safetensors::Dtype;
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+use titan_checkpoints::sharded::tools::{stream_safetensors, LazyTensor};
+use titan_checkpoints::{Region, TensorSource};
+use titan_models::hf_config::to_hf_config;
+use titan_models::ModelArgs;
+
+pub struct ExportOptions {
+    /// "float32" or "bfloat16".
+    pub dtype: String,
+    /// Shards are cut above this size (transformers' default: 5 GB).
+    pub max_shard_bytes: u64,
+    /// A `tokenizer.json` to ship with the weights.
+    pub tokenizer: Option<PathBuf>,
+    pub max_position_embeddings: usize,
+}
+
+impl Default for ExportOptions {
+    fn default() -> Self {
+        Self { dtype: "float32".into(), max_shard_bytes: 5_000_000_000, tokenizer: None, max_position_embeddings: 8192 }
+    }
+}
+
+fn encode(v: &[f32], dtype: Dtype) -> Vec<u8> {
+    match dtype {
+        Dtype::BF16 => v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect(),
+        _ => bytemuck::cast_slice(v).to_vec(),
+    }
+}
+
+/// Writes the model tensors of `src` (titan-rs names; optimizer state is skipped) as an HF
+/// folder at `out`. Returns the tensors and bytes of weights written.
+pub fn export(src: &dyn TensorSource, args: &ModelArgs, out: &Path, o: &ExportOptions) -> Result<(usize, u64)> {
+    let dtype = match o.dtype.as_str() {
+        "float32" => Dtype::F32,
+        "bfloat16" => Dtype::BF16,
+        d => bail!("`checkpoint.export_dtype` = {d:?} is not supported; use \"float32\" or \"bfloat16\""),
+    };
+    let mut tensors = Vec::new();
+    for (key, shape) in src.shapes().into_iter().filter(|(k, _)| !k.starts_with("exp_avg")) {
+        let (name, t) = to_hf(&key).ok_or_else(|| anyhow!("{}: tensor {key} has no Hugging Face name", src.describe()))?;
+        let hf_shape: Vec<usize> = if t { shape.iter().rev().copied().collect() } else { shape.clone() };
+        let full = Region::full(&shape);
+        let bytes = Box::new(move || {
+            let v = src.read(&key, &full)?;
+            Ok(encode(&if t { transpose(&v, shape[0], shape[1]) } else { v }, dtype))
+        });
+        tensors.push(LazyTensor { name, dtype, shape: hf_shape, bytes });
+    }
+    tensors.sort_by(|a, b| a.name.cmp(&b.name));
+    // Greedy shards in name order, as transformers cuts them.
+    let size = |t: &LazyTensor| (t.shape.iter().product::<usize>() * dtype.size()) as u64;
+    let mut shards: Vec<Vec<LazyTensor>> = vec![Vec::new()];
+    let mut in_shard = 0u64;
+    for t in tensors {
+        if in_shard > 0 && in_shard + size(&t) > o.max_shard_bytes {
+            shards.push(Vec::new());
+            in_shard = 0;
+        }
+        in_shard += size(&t);
+        shards.last_mut().expect("a shard").push(t);
+    }
+    let tmp = out.with_file_name(format!(".{}.partial", out.file_name().and_then(|n| n.to_str()).unwrap_or("hf")));
+    if tmp.exists() {
+        fs::remove_dir_all(&tmp)?;
+    }
+    fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let n = shards.len();
+    let (mut weight_map, mut total, mut count) = (BTreeMap::new(), 0u64, 0usize);
+    for (i, shard) in shards.iter().enumerate() {
+        let file = if n == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{n:05}.safetensors", i + 1) };
+        let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+        stream_safetensors(&tmp.join(&file), shard, Some(meta))?;
+        for t in shard {
+            total += size(t);
+            count += 1;
+            weight_map.insert(t.name.clone(), file.clone());
+        }
+    }
+    let json = |v: serde_json::Value| serde_json::to_vec_pretty(&v).expect("JSON");
+    if n > 1 {
+        let index = serde_json::json!({ "metadata": { "total_size": total }, "weight_map": weight_map });
+        fs::write(tmp.join("model.safetensors.index.json"), json(index))?;
+    }
+    fs::write(tmp.join("config.json"), json(to_hf_config(args, o.max_position_embeddings, &o.dtype)))?;
+    fs::write(tmp.join("generation_config.json"), json(serde_json::json!({ "_from_model_config": true })))?;
+    if let Some(tok) = &o.tokenizer {
+        fs::copy(tok, tmp.join("tokenizer.json")).with_context(|| format!("copying {}", tok.display()))?;
+        let cfg = serde_json::json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": o.max_position_embeddings,
+            "clean_up_tokenization_spaces": false,
+        });
+        fs::write(tmp.join("tokenizer_config.json"), json(cfg))?;
+    }
+    if out.exists() {
+        fs::remove_dir_all(out).with_context(|| format!("replacing {}", out.display()))?;
+    }
+    fs::rename(&tmp, out).with_context(|| format!("renaming {} to {}", tmp.display(), out.display()))?;
+    Ok((count, total))
+}
