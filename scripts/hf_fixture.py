@@ -65,8 +65,9 @@ def make(name, tied, dtype, shard):
         c["rope_theta"] = rope.pop("rope_theta")
         c["rope_scaling"] = rope
         json.dump(c, open(path, "w"), indent=2)
-    # Reference outputs in float32 from the weights as stored.
-    ref = model.float()
+    # Reference outputs in float32 from the weights as stored, loaded as a user would (a bf16
+    # model cast back with .float() would keep bf16-rounded RoPE frequencies).
+    ref = LlamaForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(7)
     ids = torch.randint(0, 2048, (2, 40), generator=g)
     with torch.no_grad():

@@ -191,6 +191,8 @@ impl Trainer {
         };
         if t.cfg.checkpoint.enable {
             t.maybe_resume()?;
+        } else if !t.cfg.checkpoint.initial_load_path.is_empty() {
+            t.initial_load()?;
         }
         Ok(t)
     }

@@ -207,7 +207,14 @@ impl Trainer {
 
     /// Replaces this rank's parameters with their regions read from `src` (any layout).
     fn load_model(&mut self, src: &dyn TensorSource, slots: &[slots::Slot]) -> Result<()> {
-        let mine = |key: &str| self.layout.local_key(key).is_some();
+        // A tensor this rank must report as extra: one no stage of the whole model has, or one
+        // its own stages should hold (the stages' own keys are its slots).
+        let whole: std::collections::HashSet<String> =
+            state::param_shapes(&titan_models::Transformer::new(&self.args, 0, &self.device.clone().without_autodiff()))
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect();
+        let mine = |key: &str| !whole.contains(key) || self.layout.local_key(key).is_some();
         let tensors = slots::read_model(src, slots, &mine)?;
         let read: usize = slots.iter().map(|s| s.region.numel()).sum();
         let total: usize = src.shapes().iter().filter(|(k, _)| mine(k) && !k.starts_with("exp_avg")).map(|(_, s)| s.iter().product::<usize>()).sum();
@@ -220,7 +227,7 @@ impl Trainer {
     /// Starts from `checkpoint.initial_load_path` (no checkpoint of this run exists yet): a
     /// Hugging Face folder (`initial_load_in_hf`, the model only) or a titan-rs step folder
     /// (the model only unless `initial_load_model_only = false`).
-    fn initial_load(&mut self) -> Result<()> {
+    pub(crate) fn initial_load(&mut self) -> Result<()> {
         let k = &self.cfg.checkpoint;
         let path = crate::paths::resolve(&k.initial_load_path);
         let slots = slots::slots(&self.model, &self.placement, &self.layout, &self.rank);
