@@ -10,6 +10,17 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+/// Drops the pages of `map[start..start + len]` from this process's memory once they are copied
+/// out: they are clean pages of a read-only file mapping, re-read from the page cache if needed
+/// again, so a big load keeps one tensor resident rather than every file it has touched.
+fn release(map: &Mmap, start: usize, len: usize) {
+    // SAFETY: a read-only shared file mapping; after MADV_DONTNEED the same bytes are faulted in
+    // again from the file (which is never modified in place), so no borrow sees other data.
+    unsafe {
+        let _ = map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len);
+    }
+}
+
 /// Named tensors of which any region can be read.
 pub trait TensorSource: Send + Sync {
     /// What to name in errors (a folder or a file).
@@ -106,6 +117,7 @@ impl TensorSource for ShardedReader {
             let map = self.maps.get(&self.dir.join(&c.file))?;
             let bytes = self.chunk_bytes(&map, c, key)?;
             filled += copy_overlap(bytes, &c.region, &mut out, region);
+            release(&map, c.byte_offset as usize, c.byte_len as usize);
         }
         if filled != region.numel() {
             bail!("{}: the chunks of {key} cover {filled} of the {} elements asked for ({METADATA} is damaged)", self.describe(), region.numel());
@@ -166,6 +178,7 @@ impl TensorSource for FileReader {
         let (shape, elem, s, e) = self.tensors.get(key).ok_or_else(|| anyhow!("{} has no tensor {key}", self.describe()))?;
         let mut out = vec![0f32; region.numel()];
         copy_overlap_as(&self.map[*s..*e], *elem, &Region::full(shape), &mut out, region);
+        release(&self.map, *s, e - s);
         Ok(out)
     }
 }

@@ -214,7 +214,13 @@ impl Trainer {
                 .into_iter()
                 .map(|(k, _)| k)
                 .collect();
-        let mine = |key: &str| !whole.contains(key) || self.layout.local_key(key).is_some();
+        // A tied model reads its head from the embedding; a separate `lm_head` some exports
+        // carry anyway is ignored, as transformers does.
+        let tied_head = |key: &str| self.args.tie_word_embeddings && key == "output.weight";
+        if src.shape("output.weight").is_some() && tied_head("output.weight") {
+            tracing::warn!("{}: the model ties its head to the embedding; its separate output head (lm_head) is ignored", src.describe());
+        }
+        let mine = |key: &str| !tied_head(key) && (!whole.contains(key) || self.layout.local_key(key).is_some());
         let tensors = slots::read_model(src, slots, &mine)?;
         let read: usize = slots.iter().map(|s| s.region.numel()).sum();
         let total: usize = src.shapes().iter().filter(|(k, _)| mine(k) && !k.starts_with("exp_avg")).map(|(_, s)| s.iter().product::<usize>()).sum();

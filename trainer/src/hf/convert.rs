@@ -29,7 +29,8 @@ pub fn from_hf(hf_dir: &Path, out: &Path) -> Result<(PathBuf, usize)> {
         ("config.toml".to_string(), to_toml(&cfg).into_bytes()),
     ];
     let under = format!("converted from {} ({} layers, dim {})", hf_dir.display(), args.n_layers, args.dim);
-    let dir = write_source(&CheckpointFolder::new(out), 0, &src, &files, &under, true)?;
+    let shown = super::WithProgress::new(&src, "from-hf");
+    let dir = write_source(&CheckpointFolder::new(out), 0, &shown, &files, &under, true)?;
     Ok((dir, n))
 }
 
@@ -42,7 +43,8 @@ pub fn to_hf(ckpt: &Path, out: &Path, o: &ExportOptions) -> Result<(usize, u64)>
     let sources = open_sources(reader.dir())?;
     let tokenizer = o.tokenizer.clone().or_else(|| Some(crate::paths::tokenizer(&cfg.model)).filter(|p| p.exists()));
     let max_position_embeddings = max_positions(&cfg);
-    export(sources[0].as_ref(), &args, out, &ExportOptions { tokenizer, max_position_embeddings, dtype: o.dtype.clone(), max_shard_bytes: o.max_shard_bytes })
+    let shown = super::WithProgress::new(sources[0].as_ref(), "to-hf");
+    export(&shown, &args, out, &ExportOptions { tokenizer, max_position_embeddings, dtype: o.dtype.clone(), max_shard_bytes: o.max_shard_bytes })
 }
 
 /// `max_position_embeddings` of an export: the HF model's own (`flavor = "hf"`), else the

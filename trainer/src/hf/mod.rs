@@ -137,6 +137,47 @@ impl TensorSource for HfSource {
     }
 }
 
+/// `inner` drawing a progress bar (tensors read, on a terminal) for a conversion that reads
+/// each tensor once.
+pub struct WithProgress<'a> {
+    inner: &'a dyn TensorSource,
+    bar: indicatif::ProgressBar,
+}
+
+impl<'a> WithProgress<'a> {
+    pub fn new(inner: &'a dyn TensorSource, what: &str) -> Self {
+        let bar = indicatif::ProgressBar::new(inner.shapes().len() as u64);
+        if let Ok(style) = indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} tensors, {elapsed}") {
+            bar.set_style(style);
+        }
+        bar.set_message(what.to_string());
+        Self { inner, bar }
+    }
+}
+
+impl TensorSource for WithProgress<'_> {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn shapes(&self) -> BTreeMap<String, Vec<usize>> {
+        self.inner.shapes()
+    }
+    fn shape(&self, key: &str) -> Option<Vec<usize>> {
+        self.inner.shape(key)
+    }
+    fn read(&self, key: &str, region: &Region) -> Result<Vec<f32>> {
+        let r = self.inner.read(key, region);
+        self.bar.inc(1);
+        r
+    }
+}
+
+impl Drop for WithProgress<'_> {
+    fn drop(&mut self) {
+        self.bar.finish_and_clear();
+    }
+}
+
 /// Whether `dir` looks like an HF model folder (a `config.json` next to safetensors weights).
 pub fn is_hf_folder(dir: &Path) -> bool {
     dir.join("config.json").exists()
