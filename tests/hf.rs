@@ -185,6 +185,11 @@ fn conversion_and_export_round_trip() {
     assert_ok(&run(&args, &["--checkpoint.initial_load_in_hf", "false", "--checkpoint.initial_load_path", &p(&trained.join("checkpoint/step-2"))]));
     assert_ok(&run_hf(&b, &fp32, "", 2));
     assert_eq!(losses(&a), losses(&b));
+    // … and through `convert from-hf` into a titan-rs checkpoint again.
+    let (back, c) = (d.path().join("back"), d.path().join("from-back"));
+    assert_ok(&titan(&["convert", "from-hf", &p(&fp32), &p(&back)]));
+    assert_ok(&run(&args.iter().map(|x| x.replace(&p(&a), &p(&c))).collect::<Vec<_>>(), &["--checkpoint.initial_load_in_hf", "false", "--checkpoint.initial_load_path", &p(&back.join("step-0"))]));
+    assert_eq!(losses(&a), losses(&c));
     // generate reads an HF folder; temperature 0 is greedy (the same text twice).
     let g = |seed: &str| assert_ok(&titan(&["generate", "--checkpoint", &p(&fp32), "--prompt", "KING", "--temperature", "0", "--max-new-tokens", "8", "--seed", seed]));
     assert_eq!(g("1"), g("2"));

@@ -42,27 +42,27 @@ const TOP: [(&str, &str, bool); 3] = [
     ("output.weight", "lm_head.weight", true),
 ];
 
-/// The HF name of a titan-rs key and whether the matrix is stored transposed; `None` for a key
-/// with no HF counterpart.
-pub fn to_hf(key: &str) -> Option<(String, bool)> {
-    if let Some((_, hf, t)) = TOP.iter().find(|(k, _, _)| *k == key) {
-        return Some((hf.to_string(), *t));
+/// A name translated through the tables (`to_hf`: titan-rs → HF, else back), with whether the
+/// matrix is transposed; `None` for a name with no counterpart.
+fn translate(name: &str, to_hf: bool) -> Option<(String, bool)> {
+    let pick = |e: &(&'static str, &'static str, bool)| if to_hf { (e.0, e.1) } else { (e.1, e.0) };
+    if let Some(e) = TOP.iter().find(|e| pick(e).0 == name) {
+        return Some((pick(e).1.to_string(), e.2));
     }
-    let rest = key.strip_prefix("layers.")?;
-    let (n, tail) = rest.split_once('.')?;
-    let (_, hf, t) = BLOCK.iter().find(|(k, _, _)| *k == tail)?;
-    Some((format!("model.layers.{n}.{hf}"), *t))
+    let (from, to) = if to_hf { ("layers.", "model.layers.") } else { ("model.layers.", "layers.") };
+    let (n, tail) = name.strip_prefix(from)?.split_once('.')?;
+    let e = BLOCK.iter().find(|e| pick(e).0 == tail)?;
+    Some((format!("{to}{n}.{}", pick(e).1), e.2))
 }
 
-/// The titan-rs key of an HF name and whether it is transposed; `None` if unknown.
+/// The HF name of a titan-rs key and whether the matrix is stored transposed.
+pub fn to_hf(key: &str) -> Option<(String, bool)> {
+    translate(key, true)
+}
+
+/// The titan-rs key of an HF name and whether it is transposed.
 pub fn from_hf(name: &str) -> Option<(String, bool)> {
-    if let Some((k, _, t)) = TOP.iter().find(|(_, h, _)| *h == name) {
-        return Some((k.to_string(), *t));
-    }
-    let rest = name.strip_prefix("model.layers.")?;
-    let (n, tail) = rest.split_once('.')?;
-    let (k, _, t) = BLOCK.iter().find(|(_, h, _)| *h == tail)?;
-    Some((format!("layers.{n}.{k}"), *t))
+    translate(name, false)
 }
 
 /// `[rows, cols]` row-major → `[cols, rows]`.

@@ -158,7 +158,8 @@ pub fn rank_memory(cfg: &JobConfig, args: &ModelArgs, dims: &ParallelDims, pp_ra
         for l in layout.split.layers[stage].clone() {
             chunk_act += if ac.covers(l) { w.checkpointed(elem) } else { w.block(elem) };
         }
-        if chunk.output.is_some() {
+        // The last stage (it has the final norm) makes the logits, tied head or not.
+        if chunk.norm.is_some() {
             chunk_act += w.head(elem);
             head = true;
         }
