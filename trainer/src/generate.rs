@@ -1,7 +1,6 @@
 //! `titan-rs generate`: sample text from a checkpoint.
 
 use crate::config::load_config;
-use crate::paths;
 use crate::state::{load_model_tensors, param_shapes};
 use crate::pipeline::to_tensor_2d;
 use crate::trainer::build_model;
@@ -45,18 +44,18 @@ pub fn generate(checkpoint: &Path, o: &GenerateOptions) -> Result<String> {
         cfg.model.flavor = "hf".into();
         cfg.model.hf_assets_path = checkpoint.display().to_string();
         if !checkpoint.join("tokenizer.json").exists() {
-            cfg.model.tokenizer_path = paths::tokenizer(&crate::config::Model::default()).display().to_string();
+            cfg.model.tokenizer_path = crate::config::Model::default().tokenizer_file().display().to_string();
         }
         let args = cfg.model_args().map_err(|e| anyhow!(e))?;
         let src = crate::hf::HfSource::open(checkpoint)?;
-        (load_whole(build_model(&cfg, &args, 0, &device), &src, &device)?, Tokenizer::from_file(&paths::tokenizer(&cfg.model))?)
+        (load_whole(build_model(&cfg, &args, 0, &device), &src, &device)?, Tokenizer::from_file(&cfg.model.tokenizer_file())?)
     } else {
         let reader = crate::checkpoint::open_step(checkpoint)?;
         let cfg = load_config(Some(&reader.path("config.toml")), &[]).context("the checkpoint's config.toml")?;
         let args = cfg.model_args().map_err(|e| anyhow!(e))?;
         let sources = open_sources(reader.dir())?;
         let model = load_whole(build_model(&cfg, &args, 0, &device), sources[0].as_ref(), &device)?;
-        (model, Tokenizer::from_file(&paths::tokenizer(&cfg.model))?)
+        (model, Tokenizer::from_file(&cfg.model.tokenizer_file())?)
     };
 
     let mut ids: Vec<i64> = tokenizer.encode(&o.prompt)?.into_iter().map(i64::from).collect();

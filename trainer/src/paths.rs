@@ -33,12 +33,3 @@ pub fn dataset(name: &str, path: &str) -> PathBuf {
     }
     resolve(builtin_dataset(name).unwrap_or(name))
 }
-
-/// The tokenizer file a config names.
-pub fn tokenizer(m: &crate::config::Model) -> PathBuf {
-    if !m.tokenizer_path.is_empty() {
-        resolve(&m.tokenizer_path)
-    } else {
-        resolve(&m.hf_assets_path).join("tokenizer.json")
-    }
-}

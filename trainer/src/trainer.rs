@@ -123,7 +123,7 @@ impl Trainer {
     pub fn new(cfg: JobConfig, rank: RankContext) -> Result<Self> {
         let args = cfg.model_args().map_err(|e| anyhow!(e))?;
         let device = crate::device::select(&cfg.training.device, cfg.training.device_index as usize)?.autodiff();
-        let tokenizer = Tokenizer::from_file(&paths::tokenizer(&cfg.model))?;
+        let tokenizer = Tokenizer::from_file(&cfg.model.tokenizer_file())?;
         if tokenizer.vocab_size() > args.vocab_size {
             bail!(
                 "the tokenizer {} has {} tokens but model flavor {:?} has vocab_size {}; use a smaller tokenizer or a larger flavor",

@@ -148,11 +148,11 @@ impl Trainer {
         let dir = self.checkpoints.step_dir(step);
         let out = self.checkpoints.root().join(format!("step-{step}-hf"));
         let sources = open_sources(&dir)?;
-        let tokenizer = Some(crate::paths::tokenizer(&self.cfg.model)).filter(|p| p.exists());
+        let tokenizer = Some(self.cfg.model.tokenizer_file()).filter(|p| p.exists());
         let o = crate::hf::export::ExportOptions {
             dtype: self.cfg.checkpoint.export_dtype.clone(),
             tokenizer,
-            max_position_embeddings: crate::hf::convert::max_positions(&self.cfg),
+            max_position_embeddings: crate::hf::export::max_positions(&self.cfg),
             ..Default::default()
         };
         crate::hf::export::export(sources[0].as_ref(), &self.args, &out, &o)?;

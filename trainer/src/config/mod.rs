@@ -36,6 +36,17 @@ impl Parallelism {
     }
 }
 
+impl Model {
+    /// The tokenizer file: `tokenizer_path`, else `hf_assets_path/tokenizer.json`.
+    pub fn tokenizer_file(&self) -> std::path::PathBuf {
+        if !self.tokenizer_path.is_empty() {
+            crate::paths::resolve(&self.tokenizer_path)
+        } else {
+            crate::paths::resolve(&self.hf_assets_path).join("tokenizer.json")
+        }
+    }
+}
+
 impl JobConfig {
     /// The model's shape: a named flavor, or (`model.flavor = "hf"`) the `config.json` in
     /// `model.hf_assets_path`. Errors name the file and the field.

@@ -41,20 +41,8 @@ pub fn to_hf(ckpt: &Path, out: &Path, o: &ExportOptions) -> Result<(usize, u64)>
     let cfg = crate::config::load_config(Some(&reader.path("config.toml")), &[]).context("the checkpoint's config.toml")?;
     let args = cfg.model_args().map_err(|e| anyhow!(e))?;
     let sources = open_sources(reader.dir())?;
-    let tokenizer = o.tokenizer.clone().or_else(|| Some(crate::paths::tokenizer(&cfg.model)).filter(|p| p.exists()));
-    let max_position_embeddings = max_positions(&cfg);
+    let tokenizer = o.tokenizer.clone().or_else(|| Some(cfg.model.tokenizer_file()).filter(|p| p.exists()));
+    let max_position_embeddings = super::export::max_positions(&cfg);
     let shown = super::WithProgress::new(sources[0].as_ref(), "to-hf");
     export(&shown, &args, out, &ExportOptions { tokenizer, max_position_embeddings, dtype: o.dtype.clone(), max_shard_bytes: o.max_shard_bytes })
-}
-
-/// `max_position_embeddings` of an export: the HF model's own (`flavor = "hf"`), else the
-/// training sequence length.
-pub fn max_positions(cfg: &JobConfig) -> usize {
-    let hf = crate::paths::resolve(&cfg.model.hf_assets_path).join("config.json");
-    let own = (cfg.model.flavor == "hf")
-        .then(|| std::fs::read_to_string(hf).ok())
-        .flatten()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| v["max_position_embeddings"].as_u64());
-    own.map_or(cfg.training.seq_len as usize, |m| m as usize)
 }

@@ -108,3 +108,15 @@ pub fn export(src: &dyn TensorSource, args: &ModelArgs, out: &Path, o: &ExportOp
     fs::rename(&tmp, out).with_context(|| format!("renaming {} to {}", tmp.display(), out.display()))?;
     Ok((count, total))
 }
+
+/// `max_position_embeddings` of an export: the HF model's own (`flavor = "hf"`), else the
+/// training sequence length.
+pub fn max_positions(cfg: &crate::config::JobConfig) -> usize {
+    let hf = crate::paths::resolve(&cfg.model.hf_assets_path).join("config.json");
+    let own = (cfg.model.flavor == "hf")
+        .then(|| std::fs::read_to_string(hf).ok())
+        .flatten()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["max_position_embeddings"].as_u64());
+    own.map_or(cfg.training.seq_len as usize, |m| m as usize)
+}
