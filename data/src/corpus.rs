@@ -1,25 +1,74 @@
-//! Corpus files → documents → one cached token file (documents joined with EOS).
+//! Corpus files → one cached token file (documents joined with EOS), streamed.
 //!
-//! A corpus is a plain-text or JSONL file, or a folder of them (`.txt`, `.md`: one document per
-//! file; `.jsonl`: one document per line, `text` field). It is tokenized once; the cache key hashes
-//! the tokenizer and every input's name and bytes, so an unchanged corpus is reused and a changed
-//! one rebuilt.
+//! A corpus is a file, a folder (searched recursively) or a glob (`data/*.jsonl.gz`) of the
+//! formats in [`crate::formats`]. It is tokenized once, in bounded memory: pieces of text are
+//! batched (≈ 1 MB), encoded in parallel (the tokenizers crate's batch encoding on rayon) and
+//! appended to a temporary token file that is renamed into place only when complete, so an
+//! interrupted run (even kill -9) never leaves a cache a later run trusts. The cache key hashes
+//! the tokenizer, every input's name and bytes, and the options.
 
-use crate::token_file::TokenFile;
+use crate::formats::{for_each_piece, for_each_token_block, format_of, Format};
+use crate::token_file::{TokenFile, TokenWriter};
 use crate::tokenizer::Tokenizer;
 use anyhow::{bail, Context, Result};
 use std::hash::Hasher;
+use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-const TEXT_EXTS: &[&str] = &["txt", "md", "text"];
-const JSONL_EXTS: &[&str] = &["jsonl", "json"];
-/// Texts are encoded in pieces of about this many bytes, cut after a newline, in parallel.
-const PIECE: usize = 1 << 16;
+/// Text bytes encoded per batch.
+const BATCH_BYTES: usize = 1 << 20;
 
-/// The corpus files under `path` (itself if a file), sorted for a stable order.
+/// How corpus files are read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CorpusOptions {
+    /// The JSON field holding a document's text.
+    pub text_column: String,
+    /// The id type of pre-tokenized `.bin` files: "uint16" or "uint32".
+    pub token_dtype: String,
+}
+
+impl Default for CorpusOptions {
+    fn default() -> Self {
+        Self { text_column: "text".into(), token_dtype: "uint16".into() }
+    }
+}
+
+/// `*` and `?` wildcards in one path component.
+fn wildcard(pattern: &[u8], name: &[u8]) -> bool {
+    match (pattern.first(), name.first()) {
+        (None, None) => true,
+        (Some(b'*'), _) => wildcard(&pattern[1..], name) || (!name.is_empty() && wildcard(pattern, &name[1..])),
+        (Some(b'?'), Some(_)) => wildcard(&pattern[1..], &name[1..]),
+        (Some(p), Some(n)) if p == n => wildcard(&pattern[1..], &name[1..]),
+        _ => false,
+    }
+}
+
+/// The corpus files of `path` (a file, a folder, or a glob in its last component), sorted for a
+/// stable order.
 pub fn list_corpus_files(path: &Path) -> Result<Vec<PathBuf>> {
     if path.is_file() {
         return Ok(vec![path.to_path_buf()]);
+    }
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    if name.contains(['*', '?']) {
+        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+            .with_context(|| format!("dataset glob {}: cannot read {}", path.display(), dir.display()))?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_file() && wildcard(name.as_bytes(), p.file_name().unwrap().as_encoded_bytes()))
+            .collect();
+        out.sort();
+        if out.is_empty() {
+            bail!("dataset glob {} matches no file", path.display());
+        }
+        if let Some(bad) = out.iter().find(|p| format_of(p).is_none()) {
+            bail!("dataset glob {} matches {}, which is not a corpus format (.txt .md .jsonl[.gz|.zst] .bin)", path.display(), bad.display());
+        }
+        return Ok(out);
     }
     if !path.is_dir() {
         bail!("dataset path {} does not exist", path.display());
@@ -29,75 +78,84 @@ pub fn list_corpus_files(path: &Path) -> Result<Vec<PathBuf>> {
     while let Some(dir) = stack.pop() {
         for e in std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
             let p = e?.path();
-            let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("");
             if p.is_dir() {
                 stack.push(p);
-            } else if TEXT_EXTS.contains(&ext) || JSONL_EXTS.contains(&ext) {
+            } else if format_of(&p).is_some() {
                 out.push(p);
             }
         }
     }
     out.sort();
     if out.is_empty() {
-        bail!("dataset folder {} holds no .txt/.md/.jsonl files", path.display());
+        bail!("dataset folder {} holds no corpus files (.txt .md .jsonl .jsonl.gz .jsonl.zst .bin)", path.display());
     }
     Ok(out)
 }
 
-fn read_documents(path: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
-    if !JSONL_EXTS.contains(&ext) {
-        return Ok(vec![text]);
-    }
-    let mut docs = Vec::new();
-    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let v: serde_json::Value =
-            serde_json::from_str(line).with_context(|| format!("{}:{}: not valid JSON", path.display(), i + 1))?;
-        match v.get("text").and_then(|t| t.as_str()) {
-            Some(t) => docs.push(t.to_string()),
-            None => bail!("{}:{}: no string field \"text\"", path.display(), i + 1),
-        }
-    }
-    Ok(docs)
-}
-
-/// Splits after newlines that are followed by a non-space, so pieces tokenize as the whole does
-/// under byte-level pre-tokenization.
-fn pieces(doc: &str) -> Vec<&str> {
-    let bytes = doc.as_bytes();
-    let mut out = Vec::new();
-    let mut start = 0;
-    let mut i = PIECE;
-    while i < bytes.len() {
-        if bytes[i - 1] == b'\n' && !bytes[i].is_ascii_whitespace() && doc.is_char_boundary(i) {
-            out.push(&doc[start..i]);
-            start = i;
-            i += PIECE;
-        } else {
-            i += 1;
-        }
-    }
-    out.push(&doc[start..]);
-    out
-}
-
-fn cache_key(files: &[PathBuf], tokenizer: &Tokenizer) -> Result<u64> {
+fn cache_key(files: &[PathBuf], tokenizer: &Tokenizer, o: &CorpusOptions) -> Result<u64> {
     let mut h = fnv::FnvHasher::default();
-    h.write(b"titan-rs token cache v1");
+    h.write(b"titan-rs token cache v2");
     h.write(&std::fs::read(tokenizer.path()).with_context(|| format!("reading {}", tokenizer.path().display()))?);
+    h.write(format!("{o:?}").as_bytes());
+    let mut buf = vec![0u8; 1 << 20];
     for f in files {
         h.write(f.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default());
-        h.write(&std::fs::read(f).with_context(|| format!("reading {}", f.display()))?);
+        let mut r = std::fs::File::open(f).with_context(|| format!("cannot read corpus file {}", f.display()))?;
+        loop {
+            let n = r.read(&mut buf).with_context(|| format!("reading {}", f.display()))?;
+            if n == 0 {
+                break;
+            }
+            h.write(&buf[..n]);
+        }
     }
     Ok(h.finish())
 }
 
+/// Pieces waiting to be encoded, and the token file they go to.
+struct Sink<'a> {
+    w: TokenWriter,
+    batch: Vec<(String, bool)>,
+    bytes: usize,
+    tokenizer: &'a Tokenizer,
+}
+
+impl Sink<'_> {
+    fn piece(&mut self, text: String, last: bool) -> Result<()> {
+        self.bytes += text.len();
+        self.batch.push((text, last));
+        if self.bytes >= BATCH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        let texts: Vec<&str> = self.batch.iter().map(|(t, _)| t.as_str()).collect();
+        let encoded = self.tokenizer.encode_batch(texts)?;
+        let eos = self.tokenizer.eos_id();
+        for ((_, last), ids) in self.batch.iter().zip(encoded) {
+            self.w.push(&ids)?;
+            if *last {
+                self.w.push(&[eos])?;
+            }
+        }
+        self.batch.clear();
+        self.bytes = 0;
+        Ok(())
+    }
+}
+
 /// Tokenizes the corpus at `path` into `cache_dir` (or reuses the cached file).
 pub fn tokenize_corpus(path: &Path, tokenizer: &Tokenizer, cache_dir: &Path) -> Result<TokenFile> {
+    tokenize_corpus_with(path, tokenizer, cache_dir, &CorpusOptions::default())
+}
+
+/// [`tokenize_corpus`] with reading options.
+pub fn tokenize_corpus_with(path: &Path, tokenizer: &Tokenizer, cache_dir: &Path, o: &CorpusOptions) -> Result<TokenFile> {
     let files = list_corpus_files(path)?;
-    let key = cache_key(&files, tokenizer)?;
-    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("corpus");
+    let key = cache_key(&files, tokenizer, o)?;
+    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("corpus").replace(['*', '?'], "_");
     let cached = cache_dir.join(format!("{stem}-{key:016x}.tokens"));
     if cached.exists() {
         if let Ok(f) = TokenFile::open(&cached) {
@@ -107,22 +165,43 @@ pub fn tokenize_corpus(path: &Path, tokenizer: &Tokenizer, cache_dir: &Path) -> 
         tracing::warn!("cached token file {} is damaged; rebuilding", cached.display());
     }
     std::fs::create_dir_all(cache_dir).with_context(|| format!("creating cache folder {}", cache_dir.display()))?;
-    let mut tokens = Vec::new();
+    let total: u64 = files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
+    let bar = indicatif::ProgressBar::new(total);
+    if let Ok(style) = indicatif::ProgressStyle::with_template("tokenizing [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {msg}") {
+        bar.set_style(style);
+    }
+    let counter = Arc::new(AtomicU64::new(0));
+    let start = std::time::Instant::now();
+    let mut sink = Sink { w: TokenWriter::create(&cached)?, batch: Vec::new(), bytes: 0, tokenizer };
     for f in &files {
-        for doc in read_documents(f)? {
-            for ids in tokenizer.encode_batch(pieces(&doc))? {
-                tokens.extend(ids);
+        match format_of(f).unwrap_or(Format::Text) {
+            Format::Tokens => {
+                sink.flush()?;
+                let vocab = tokenizer.vocab_size();
+                for_each_token_block(f, &o.token_dtype, vocab, &counter, &mut |b| sink.w.push(b))?;
             }
-            tokens.push(tokenizer.eos_id());
+            format => for_each_piece(f, format, &o.text_column, &counter, &mut |p, last| {
+                let r = sink.piece(p, last);
+                bar.set_position(counter.load(Ordering::Relaxed));
+                let secs = start.elapsed().as_secs_f64().max(1e-9);
+                bar.set_message(format!("{:.0} tokens/s", sink.w.len() as f64 / secs));
+                r
+            })?,
         }
     }
-    TokenFile::write(&cached, &tokens)?;
+    sink.flush()?;
+    bar.finish_and_clear();
+    let n = sink.w.len();
+    sink.w.finish()?;
+    let secs = start.elapsed().as_secs_f64();
     tracing::info!(
-        "tokenized {} ({} files) into {} tokens at {}",
+        "tokenized {} ({} files, {:.1} MB) into {n} tokens at {} in {secs:.1} s ({:.1} MB/s, {:.0} tokens/s)",
         path.display(),
         files.len(),
-        tokens.len(),
-        cached.display()
+        total as f64 / 1e6,
+        cached.display(),
+        total as f64 / 1e6 / secs,
+        n as f64 / secs
     );
     TokenFile::open(&cached)
 }
@@ -132,25 +211,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pieces_cover_the_document_in_order() {
-        let doc = "line one\n  indented\nnext\n".repeat(20_000);
-        let p = pieces(&doc);
-        assert!(p.len() > 1);
-        assert_eq!(p.concat(), doc);
-        assert!(p[1..].iter().all(|s| !s.starts_with(' ')));
-    }
-
-    #[test]
-    fn jsonl_documents_and_errors_name_the_line() {
+    fn folders_and_globs_list_corpus_files() {
         let dir = tempfile::tempdir().unwrap();
-        let good = dir.path().join("a.jsonl");
-        std::fs::write(&good, "{\"text\": \"one\"}\n\n{\"text\": \"two\", \"id\": 3}\n").unwrap();
-        assert_eq!(read_documents(&good).unwrap(), vec!["one", "two"]);
-        let bad = dir.path().join("b.jsonl");
-        std::fs::write(&bad, "{\"text\": \"one\"}\n{\"body\": 1}\n").unwrap();
-        let e = format!("{:#}", read_documents(&bad).err().unwrap());
-        assert!(e.contains("b.jsonl:2") && e.contains("\"text\""), "{e}");
-        let files = list_corpus_files(dir.path()).unwrap();
-        assert_eq!(files, vec![good, bad]);
+        for f in ["a.jsonl", "b.jsonl.gz", "c.txt", "notes.csv"] {
+            std::fs::write(dir.path().join(f), "").unwrap();
+        }
+        let all = list_corpus_files(dir.path()).unwrap();
+        assert_eq!(all.len(), 3);
+        let g = list_corpus_files(&dir.path().join("*.jsonl*")).unwrap();
+        assert_eq!(g.iter().map(|p| p.file_name().unwrap().to_str().unwrap()).collect::<Vec<_>>(), vec!["a.jsonl", "b.jsonl.gz"]);
+        let e = list_corpus_files(&dir.path().join("*.parquet")).unwrap_err().to_string();
+        assert!(e.contains("matches no file"), "{e}");
+        let e = list_corpus_files(&dir.path().join("*")).unwrap_err().to_string();
+        assert!(e.contains("notes.csv"), "{e}");
     }
 }

@@ -3,11 +3,12 @@
 //! depend on the data-parallel degree.
 
 pub mod corpus;
+pub mod formats;
 pub mod loader;
 pub mod token_file;
 pub mod tokenizer;
 
-pub use corpus::{list_corpus_files, tokenize_corpus};
+pub use corpus::{list_corpus_files, tokenize_corpus, tokenize_corpus_with, CorpusOptions};
 pub use loader::{Batch, DataLoader, LoaderConfig, LoaderState, ValidationBatches};
 pub use token_file::{unigram_entropy, TokenFile};
 pub use tokenizer::{train_bpe, Tokenizer};

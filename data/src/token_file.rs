@@ -19,21 +19,9 @@ pub struct TokenFile {
 impl TokenFile {
     /// Writes `tokens` to `path` atomically (temporary file + rename).
     pub fn write(path: &Path, tokens: &[u32]) -> Result<()> {
-        let tmp = path.with_extension(format!("tmp-{}-{:?}", std::process::id(), std::thread::current().id()));
-        {
-            let f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-            let mut w = BufWriter::new(f);
-            w.write_all(MAGIC)?;
-            w.write_all(&VERSION.to_le_bytes())?;
-            w.write_all(&4u32.to_le_bytes())?;
-            w.write_all(&(tokens.len() as u64).to_le_bytes())?;
-            for t in tokens {
-                w.write_all(&t.to_le_bytes())?;
-            }
-            w.into_inner()?.sync_all()?;
-        }
-        std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
-        Ok(())
+        let mut w = TokenWriter::create(path)?;
+        w.push(tokens)?;
+        w.finish()
     }
 
     pub fn open(path: &Path) -> Result<Self> {
@@ -71,6 +59,65 @@ impl TokenFile {
     /// Tokens `[start, end)` as i64 (Burn's Int element).
     pub fn window(&self, start: usize, end: usize) -> impl Iterator<Item = i64> + '_ {
         (start..end).map(|i| self.get(i) as i64)
+    }
+}
+
+/// Writes a token file as tokens stream in: a temporary file, its length patched into the
+/// header at the end, flushed, then renamed into place. A writer dropped unfinished (an error)
+/// removes its temporary file; a killed process leaves one, which nothing reads.
+pub struct TokenWriter {
+    tmp: PathBuf,
+    path: PathBuf,
+    w: Option<BufWriter<File>>,
+    len: u64,
+}
+
+impl TokenWriter {
+    pub fn create(path: &Path) -> Result<Self> {
+        let tmp = path.with_extension(format!("tmp-{}-{:?}", std::process::id(), std::thread::current().id()));
+        let f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        let mut w = BufWriter::with_capacity(1 << 20, f);
+        w.write_all(MAGIC)?;
+        w.write_all(&VERSION.to_le_bytes())?;
+        w.write_all(&4u32.to_le_bytes())?;
+        w.write_all(&0u64.to_le_bytes())?;
+        Ok(Self { tmp, path: path.to_path_buf(), w: Some(w), len: 0 })
+    }
+
+    pub fn push(&mut self, tokens: &[u32]) -> Result<()> {
+        let w = self.w.as_mut().expect("an open writer");
+        for t in tokens {
+            w.write_all(&t.to_le_bytes()).with_context(|| format!("writing {}", self.tmp.display()))?;
+        }
+        self.len += tokens.len() as u64;
+        Ok(())
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn finish(mut self) -> Result<()> {
+        use std::io::{Seek, SeekFrom};
+        let mut f = self.w.take().expect("an open writer").into_inner().map_err(|e| e.into_error())?;
+        f.seek(SeekFrom::Start(16))?;
+        f.write_all(&self.len.to_le_bytes())?;
+        f.sync_all().with_context(|| format!("flushing {}", self.tmp.display()))?;
+        std::fs::rename(&self.tmp, &self.path)
+            .with_context(|| format!("renaming {} to {}", self.tmp.display(), self.path.display()))?;
+        Ok(())
+    }
+}
+
+impl Drop for TokenWriter {
+    fn drop(&mut self) {
+        if self.w.is_some() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
     }
 }
 

@@ -218,6 +218,20 @@ enum TokenizerCommand {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Tokenize a corpus (file, folder or glob) into the token cache, streaming, and report the
+    /// throughput and this process's peak memory.
+    Encode {
+        input: PathBuf,
+        /// The tokenizer.json (default: the shipped one).
+        #[arg(long)]
+        tokenizer: Option<PathBuf>,
+        #[arg(long, default_value = ".cache/titan-rs")]
+        cache_dir: PathBuf,
+        #[arg(long, default_value = "text")]
+        text_column: String,
+        #[arg(long, default_value = "uint16")]
+        token_dtype: String,
+    },
 }
 
 fn set_threads(cfg: &JobConfig) -> Result<()> {
@@ -256,6 +270,25 @@ fn run(cli: Cli) -> Result<()> {
         Command::Tokenizer { command: TokenizerCommand::Train { input, vocab_size, out } } => {
             let n = titan_data::train_bpe(&input, vocab_size, &out)?;
             println!("wrote {} ({n} tokens)", out.display());
+        }
+        Command::Tokenizer { command: TokenizerCommand::Encode { input, tokenizer, cache_dir, text_column, token_dtype } } => {
+            let path = tokenizer.unwrap_or_else(|| titan_rs::config::Model::default().tokenizer_file());
+            let tok = titan_data::Tokenizer::from_file(&path)?;
+            let start = std::time::Instant::now();
+            let o = titan_data::CorpusOptions { text_column, token_dtype };
+            let f = titan_data::tokenize_corpus_with(&input, &tok, &cache_dir, &o)?;
+            let secs = start.elapsed().as_secs_f64();
+            let bytes: u64 = titan_data::list_corpus_files(&input)?.iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
+            let peak = titan_rs::memory::proc_bytes("/proc/self/status", "VmHWM").unwrap_or(0);
+            println!(
+                "{}: {} tokens from {:.1} MB in {secs:.2} s: {:.2} MB/s, {:.0} tokens/s; peak memory {:.1} MiB",
+                f.path().display(),
+                f.len(),
+                bytes as f64 / 1e6,
+                bytes as f64 / 1e6 / secs,
+                f.len() as f64 / secs,
+                peak as f64 / (1 << 20) as f64
+            );
         }
         Command::Generate { checkpoint, prompt, max_new_tokens, temperature, top_k, seed, context } => {
             let o = generate::GenerateOptions { prompt, max_new_tokens, temperature, top_k, seed, context };

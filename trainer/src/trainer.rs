@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 use titan_checkpoints::CheckpointFolder;
-use titan_data::{tokenize_corpus, Batch, DataLoader, LoaderConfig, Tokenizer, ValidationBatches};
+use titan_data::{tokenize_corpus_with, Batch, DataLoader, LoaderConfig, Tokenizer, ValidationBatches};
 use titan_models::{Checkpointing, ModelArgs, Transformer};
 use titan_parallel::{CommExt, ReduceOp};
 
@@ -132,7 +132,8 @@ impl Trainer {
         }
         let cache = paths::resolve(&cfg.training.cache_dir);
         let train_path = paths::dataset(&cfg.training.dataset, &cfg.training.dataset_path);
-        let tokens = Arc::new(tokenize_corpus(&train_path, &tokenizer, &cache)?);
+        let corpus = cfg.training.corpus_options();
+        let tokens = Arc::new(tokenize_corpus_with(&train_path, &tokenizer, &cache, &corpus)?);
         let seq_len = cfg.training.seq_len as usize;
         let loader = DataLoader::new(
             tokens,
@@ -148,7 +149,7 @@ impl Trainer {
         let val_batches = if cfg.validation.enable {
             let v = &cfg.validation;
             let path = paths::dataset(&v.dataset, &v.dataset_path);
-            let vt = tokenize_corpus(&path, &tokenizer, &cache)?;
+            let vt = tokenize_corpus_with(&path, &tokenizer, &cache, &corpus)?;
             let steps = (v.steps > 0).then_some(v.steps as usize);
             let b = ValidationBatches::collect(&vt, seq_len, v.local_batch_size as usize, steps);
             if b.is_empty() {

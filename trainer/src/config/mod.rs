@@ -36,6 +36,13 @@ impl Parallelism {
     }
 }
 
+impl Training {
+    /// How the corpus files are read.
+    pub fn corpus_options(&self) -> titan_data::CorpusOptions {
+        titan_data::CorpusOptions { text_column: self.dataset_text_column.clone(), token_dtype: self.dataset_token_dtype.clone() }
+    }
+}
+
 impl Model {
     /// The tokenizer file: `tokenizer_path`, else `hf_assets_path/tokenizer.json`.
     pub fn tokenizer_file(&self) -> std::path::PathBuf {

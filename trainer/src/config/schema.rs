@@ -62,6 +62,10 @@ section!(Training {
     dataset: String = "shakespeare".into(),
     /// A text/JSONL file or folder; overrides the built-in dataset.
     dataset_path: String = String::new(),
+    /// The JSON field holding each document's text in `.jsonl[.gz|.zst]` files.
+    dataset_text_column: String = "text".into(),
+    /// The id type of pre-tokenized `.bin` files: "uint16" (nanoGPT) or "uint32".
+    dataset_token_dtype: String = "uint16".into(),
     local_batch_size: i64 = 8,
     /// -1 = local_batch_size × data-parallel degree (no accumulation).
     global_batch_size: i64 = -1,

@@ -143,6 +143,7 @@ pub fn validate(c: &JobConfig) -> Result<()> {
     } else {
         one_of(&mut e, "checkpoint.async_mode", &k.async_mode, &["disabled", "async"]);
     }
+    one_of(&mut e, "training.dataset_token_dtype", &c.training.dataset_token_dtype, &["uint16", "uint32"]);
     one_of(&mut e, "checkpoint.export_dtype", &k.export_dtype, &["float32", "bfloat16"]);
     for x in &k.exclude_from_loading {
         one_of(&mut e, "checkpoint.exclude_from_loading", x, &crate::checkpoint::LOADABLE_PARTS);

@@ -1,0 +1,277 @@
+//! Corpus file formats, read as a stream of text pieces (bounded memory whatever the size):
+//!
+//! * `.txt`, `.md`, `.text`: one document per file;
+//! * `.jsonl`, `.json` (one JSON object per line), also gzip (`.jsonl.gz`) and zstd
+//!   (`.jsonl.zst`) compressed: one document per line, in the configured text field;
+//! * `.bin`: pre-tokenized ids (nanoGPT's flat little-endian `uint16`, or `uint32`), no text.
+//!
+//! Texts are cut into pieces of about [`PIECE`] bytes after a newline followed by a non-space,
+//! so pieces tokenize exactly as the whole does under byte-level pre-tokenization.
+
+use anyhow::{bail, Context, Result};
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Texts are encoded in pieces of about this many bytes.
+pub const PIECE: usize = 1 << 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Text,
+    Jsonl(Compression),
+    Tokens,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Gzip,
+    Zstd,
+}
+
+/// The format of a corpus file by its name, `None` for a file that is not one.
+pub fn format_of(path: &Path) -> Option<Format> {
+    let name = path.file_name()?.to_str()?.to_ascii_lowercase();
+    let ext = |e: &str| name.ends_with(e);
+    Some(if ext(".txt") || ext(".md") || ext(".text") {
+        Format::Text
+    } else if ext(".jsonl") || ext(".json") {
+        Format::Jsonl(Compression::None)
+    } else if ext(".jsonl.gz") || ext(".json.gz") {
+        Format::Jsonl(Compression::Gzip)
+    } else if ext(".jsonl.zst") || ext(".jsonl.zstd") || ext(".json.zst") {
+        Format::Jsonl(Compression::Zstd)
+    } else if ext(".bin") {
+        Format::Tokens
+    } else {
+        return None;
+    })
+}
+
+/// A reader that counts the bytes read from the file (for progress: compressed bytes).
+pub struct Counted<R> {
+    inner: R,
+    pub read: Arc<AtomicU64>,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+fn open(path: &Path, counter: &Arc<AtomicU64>) -> Result<Counted<File>> {
+    let f = File::open(path).with_context(|| format!("cannot read corpus file {}", path.display()))?;
+    Ok(Counted { inner: f, read: counter.clone() })
+}
+
+/// The first cut point at or after `PIECE` in `buf` (see the module doc), if any.
+fn cut(buf: &[u8]) -> Option<usize> {
+    (PIECE.max(1)..buf.len()).find(|&i| buf[i - 1] == b'\n' && !buf[i].is_ascii_whitespace())
+}
+
+/// Splits one document into pieces, calling `each(piece, last)`.
+fn pieces_of(doc: &str, each: &mut dyn FnMut(String, bool) -> Result<()>) -> Result<()> {
+    let mut rest = doc;
+    while let Some(i) = cut(rest.as_bytes()) {
+        each(rest[..i].to_string(), false)?;
+        rest = &rest[i..];
+    }
+    each(rest.to_string(), true)
+}
+
+/// Streams the text pieces of every document of the text file `path`: `each(piece, last piece
+/// of its document)`. `counter` counts the file bytes read. Errors name the file (and line).
+pub fn for_each_piece(
+    path: &Path,
+    format: Format,
+    text_field: &str,
+    counter: &Arc<AtomicU64>,
+    each: &mut dyn FnMut(String, bool) -> Result<()>,
+) -> Result<()> {
+    let file = open(path, counter)?;
+    match format {
+        Format::Text => {
+            let mut r = BufReader::with_capacity(1 << 20, file);
+            let mut buf: Vec<u8> = Vec::new();
+            let mut block = vec![0u8; 1 << 20];
+            loop {
+                let n = r.read(&mut block).with_context(|| format!("reading {}", path.display()))?;
+                buf.extend_from_slice(&block[..n]);
+                while let Some(i) = cut(&buf) {
+                    let rest = buf.split_off(i);
+                    let piece = String::from_utf8(std::mem::replace(&mut buf, rest))
+                        .with_context(|| format!("{} is not UTF-8 text", path.display()))?;
+                    each(piece, false)?;
+                }
+                if n == 0 {
+                    let piece = String::from_utf8(buf).with_context(|| format!("{} is not UTF-8 text", path.display()))?;
+                    return each(piece, true);
+                }
+            }
+        }
+        Format::Jsonl(c) => {
+            let reader: Box<dyn Read> = match c {
+                Compression::None => Box::new(file),
+                Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(file)),
+                Compression::Zstd => Box::new(zstd::Decoder::new(file).with_context(|| format!("{}: not zstd data", path.display()))?),
+            };
+            let what = match c {
+                Compression::None => "",
+                Compression::Gzip => " (corrupt gzip data?)",
+                Compression::Zstd => " (corrupt zstd data?)",
+            };
+            let mut r = BufReader::with_capacity(1 << 20, reader);
+            let mut line = String::new();
+            for n in 1.. {
+                line.clear();
+                if r.read_line(&mut line).with_context(|| format!("{}:{n}: cannot read{what}", path.display()))? == 0 {
+                    return Ok(());
+                }
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let v: serde_json::Value =
+                    serde_json::from_str(&line).with_context(|| format!("{}:{n}: not valid JSON", path.display()))?;
+                match v.get(text_field).and_then(|t| t.as_str()) {
+                    Some(t) => pieces_of(t, each)?,
+                    None => bail!("{}:{n}: no string field {text_field:?} (set `training.dataset_text_column`)", path.display()),
+                }
+            }
+            unreachable!()
+        }
+        Format::Tokens => bail!("{} holds token ids, not text", path.display()),
+    }
+}
+
+/// Streams the ids of a pre-tokenized `.bin` file (`uint16` or `uint32`, little-endian) in
+/// blocks, checking each against `vocab`: `each(block)`.
+pub fn for_each_token_block(
+    path: &Path,
+    dtype: &str,
+    vocab: usize,
+    counter: &Arc<AtomicU64>,
+    each: &mut dyn FnMut(&[u32]) -> Result<()>,
+) -> Result<()> {
+    let width = match dtype {
+        "uint16" => 2,
+        "uint32" => 4,
+        d => bail!("`training.dataset_token_dtype` = {d:?} is not supported; use \"uint16\" or \"uint32\""),
+    };
+    let len = std::fs::metadata(path).with_context(|| format!("cannot read corpus file {}", path.display()))?.len();
+    if len % width as u64 != 0 {
+        bail!("{}: {len} bytes is not a whole number of {dtype} ids (is `training.dataset_token_dtype` right?)", path.display());
+    }
+    let mut r = BufReader::with_capacity(1 << 20, open(path, counter)?);
+    let mut block = vec![0u8; width << 18];
+    let mut ids = Vec::with_capacity(1 << 18);
+    let mut pos = 0u64;
+    loop {
+        let mut filled = 0;
+        while filled < block.len() {
+            let n = r.read(&mut block[filled..]).with_context(|| format!("reading {}", path.display()))?;
+            if n == 0 {
+                break;
+            }
+            filled += n;
+        }
+        if filled == 0 {
+            return Ok(());
+        }
+        ids.clear();
+        for c in block[..filled].chunks_exact(width) {
+            let id = if width == 2 { u16::from_le_bytes([c[0], c[1]]) as u32 } else { u32::from_le_bytes(c.try_into().unwrap()) };
+            if id as usize >= vocab {
+                bail!("{}: token id {id} at position {} is not below the vocabulary size {vocab}", path.display(), pos + ids.len() as u64);
+            }
+            ids.push(id);
+        }
+        pos += ids.len() as u64;
+        each(&ids)?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn collect(path: &Path, f: Format) -> Result<Vec<(String, bool)>> {
+        let mut out = Vec::new();
+        for_each_piece(path, f, "text", &Arc::new(AtomicU64::new(0)), &mut |p, last| {
+            out.push((p, last));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    #[test]
+    fn text_pieces_cover_the_file_and_cut_before_a_non_space() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("a.txt");
+        let doc = "line one\n  indented\nnext\n".repeat(20_000);
+        std::fs::write(&p, &doc).unwrap();
+        let got = collect(&p, Format::Text).unwrap();
+        assert!(got.len() > 1);
+        assert_eq!(got.iter().map(|x| x.0.as_str()).collect::<String>(), doc);
+        assert!(got[1..].iter().all(|(s, _)| !s.starts_with(' ')));
+        assert_eq!(got.iter().filter(|x| x.1).count(), 1);
+    }
+
+    #[test]
+    fn compressed_jsonl_reads_like_plain_and_errors_name_file_and_line() {
+        use std::io::Write;
+        let d = tempfile::tempdir().unwrap();
+        let body = "{\"text\": \"one\"}\n\n{\"text\": \"two\", \"id\": 3}\n";
+        let gz = d.path().join("a.jsonl.gz");
+        let mut e = flate2::write::GzEncoder::new(std::fs::File::create(&gz).unwrap(), flate2::Compression::default());
+        e.write_all(body.as_bytes()).unwrap();
+        e.finish().unwrap();
+        let zst = d.path().join("a.jsonl.zst");
+        std::fs::write(&zst, zstd::encode_all(body.as_bytes(), 3).unwrap()).unwrap();
+        for p in [&gz, &zst] {
+            let f = format_of(p).unwrap();
+            let docs: Vec<String> = collect(p, f).unwrap().into_iter().map(|x| x.0).collect();
+            assert_eq!(docs, vec!["one", "two"]);
+        }
+        let mut bytes = std::fs::read(&gz).unwrap();
+        let n = bytes.len();
+        bytes[n / 2] ^= 0xff;
+        bytes.truncate(n - 4);
+        let bad = d.path().join("bad.jsonl.gz");
+        std::fs::write(&bad, &bytes).unwrap();
+        let e = format!("{:#}", collect(&bad, format_of(&bad).unwrap()).unwrap_err());
+        assert!(e.contains("bad.jsonl.gz"), "{e}");
+        let nofield = d.path().join("c.jsonl");
+        std::fs::write(&nofield, "{\"text\": \"ok\"}\n{\"body\": 1}\n").unwrap();
+        let e = format!("{:#}", collect(&nofield, format_of(&nofield).unwrap()).unwrap_err());
+        assert!(e.contains("c.jsonl:2") && e.contains("\"text\""), "{e}");
+    }
+
+    #[test]
+    fn token_files_are_checked_against_the_vocabulary() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("t.bin");
+        let ids: Vec<u8> = [1u16, 2, 300, 4].iter().flat_map(|x| x.to_le_bytes()).collect();
+        std::fs::write(&p, &ids).unwrap();
+        let c = Arc::new(AtomicU64::new(0));
+        let mut got = Vec::new();
+        for_each_token_block(&p, "uint16", 2048, &c, &mut |b| {
+            got.extend_from_slice(b);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(got, vec![1, 2, 300, 4]);
+        let e = for_each_token_block(&p, "uint16", 256, &c, &mut |_| Ok(())).unwrap_err().to_string();
+        assert!(e.contains("t.bin") && e.contains("300") && e.contains("position 2"), "{e}");
+        let e = for_each_token_block(&p, "uint32", 2048, &c, &mut |_| Ok(())).unwrap_err().to_string();
+        assert!(e.contains("t.bin"), "{e}");
+        std::fs::write(&p, [1u8, 2, 3]).unwrap();
+        let e = for_each_token_block(&p, "uint16", 2048, &c, &mut |_| Ok(())).unwrap_err().to_string();
+        assert!(e.contains("whole number"), "{e}");
+    }
+}
