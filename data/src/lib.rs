@@ -5,6 +5,7 @@
 pub mod corpus;
 pub mod formats;
 pub mod loader;
+pub mod mixture;
 pub mod token_file;
 pub mod tokenizer;
 

@@ -8,6 +8,7 @@
 //! `s·G + m·(dp·L) + r·L`. The state is just the number of global samples consumed, so it is the
 //! same for every rank and every dp degree: a checkpoint resumes under another layout exactly.
 
+use crate::mixture::Mixture;
 use crate::token_file::TokenFile;
 use anyhow::{bail, Result};
 use rand::seq::SliceRandom;
@@ -50,9 +51,15 @@ pub struct Batch {
 
 impl Batch {
     fn from_windows(tokens: &TokenFile, windows: &[usize], seq_len: usize) -> Self {
+        let pairs: Vec<(&TokenFile, usize)> = windows.iter().map(|&w| (tokens, w)).collect();
+        Self::from_sources(&pairs, seq_len)
+    }
+
+    /// Window `w` of each `(tokens, w)`.
+    fn from_sources(windows: &[(&TokenFile, usize)], seq_len: usize) -> Self {
         let mut inputs = Vec::with_capacity(windows.len() * seq_len);
         let mut targets = Vec::with_capacity(windows.len() * seq_len);
-        for &w in windows {
+        for &(tokens, w) in windows {
             let s = w * seq_len;
             inputs.extend(tokens.window(s, s + seq_len));
             targets.extend(tokens.window(s + 1, s + seq_len + 1));
@@ -65,16 +72,43 @@ impl Batch {
     }
 }
 
-pub struct DataLoader {
+/// One corpus of a mixture: its tokens and its own epoch permutation of windows.
+struct Source {
     tokens: Arc<TokenFile>,
-    cfg: LoaderConfig,
     num_windows: usize,
-    state: LoaderState,
     perm: Option<(u64, Vec<u32>)>,
+    /// Source 0 uses the loader's seed as before mixtures existed (its stream is unchanged).
+    seed: u64,
+}
+
+impl Source {
+    fn window_of(&mut self, k: u64) -> usize {
+        let n = self.num_windows as u64;
+        let epoch = k / n;
+        if self.perm.as_ref().map(|(e, _)| *e) != Some(epoch) {
+            let mut order: Vec<u32> = (0..self.num_windows as u32).collect();
+            let mut rng = ChaCha8Rng::seed_from_u64(self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ epoch);
+            order.shuffle(&mut rng);
+            self.perm = Some((epoch, order));
+        }
+        self.perm.as_ref().unwrap().1[(k % n) as usize] as usize
+    }
+}
+
+pub struct DataLoader {
+    sources: Vec<Source>,
+    mixture: Mixture,
+    cfg: LoaderConfig,
+    state: LoaderState,
 }
 
 impl DataLoader {
     pub fn new(tokens: Arc<TokenFile>, cfg: LoaderConfig) -> Result<Self> {
+        Self::mixture(vec![(tokens, 1.0)], cfg)
+    }
+
+    /// Samples drawn from several corpora in proportion to their weights ([`Mixture`]).
+    pub fn mixture(corpora: Vec<(Arc<TokenFile>, f64)>, cfg: LoaderConfig) -> Result<Self> {
         let per_step = cfg.local_batch_size * cfg.dp_degree;
         if cfg.seq_len == 0 || cfg.local_batch_size == 0 || cfg.global_batch_size % per_step != 0 {
             bail!(
@@ -84,20 +118,28 @@ impl DataLoader {
                 cfg.dp_degree
             );
         }
-        let num_windows = tokens.len().saturating_sub(1) / cfg.seq_len;
-        if num_windows == 0 {
-            bail!(
-                "the corpus {} has {} tokens, fewer than one sample of seq_len {} + 1",
-                tokens.path().display(),
-                tokens.len(),
-                cfg.seq_len
-            );
+        let weights: Vec<f64> = corpora.iter().map(|c| c.1).collect();
+        let mixture = Mixture::new(&weights, cfg.seed)?;
+        let mut sources = Vec::new();
+        for (i, (tokens, _)) in corpora.into_iter().enumerate() {
+            let num_windows = tokens.len().saturating_sub(1) / cfg.seq_len;
+            if num_windows == 0 {
+                bail!(
+                    "the corpus {} has {} tokens, fewer than one sample of seq_len {} + 1",
+                    tokens.path().display(),
+                    tokens.len(),
+                    cfg.seq_len
+                );
+            }
+            let seed = if i == 0 { cfg.seed } else { cfg.seed ^ (i as u64).wrapping_mul(0xA076_1D64_78BD_642F) };
+            sources.push(Source { tokens, num_windows, perm: None, seed });
         }
-        Ok(Self { tokens, cfg, num_windows, state: LoaderState::default(), perm: None })
+        Ok(Self { sources, mixture, cfg, state: LoaderState::default() })
     }
 
+    /// Windows of the first corpus (the only one without a mixture).
     pub fn num_windows(&self) -> usize {
-        self.num_windows
+        self.sources[0].num_windows
     }
 
     pub fn state(&self) -> LoaderState {
@@ -108,16 +150,15 @@ impl DataLoader {
         self.state = state;
     }
 
-    fn window_of(&mut self, global: u64) -> usize {
-        let n = self.num_windows as u64;
-        let epoch = global / n;
-        if self.perm.as_ref().map(|(e, _)| *e) != Some(epoch) {
-            let mut order: Vec<u32> = (0..self.num_windows as u32).collect();
-            let mut rng = ChaCha8Rng::seed_from_u64(self.cfg.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ epoch);
-            order.shuffle(&mut rng);
-            self.perm = Some((epoch, order));
-        }
-        self.perm.as_ref().unwrap().1[(global % n) as usize] as usize
+    /// The source and window of global sample `g`.
+    fn window_of(&mut self, g: u64) -> (usize, usize) {
+        let (s, k) = self.mixture.locate(g);
+        (s, self.sources[s].window_of(k))
+    }
+
+    /// Samples of each source among the first `g` global samples (every rank computes the same).
+    pub fn source_samples(&mut self, g: u64) -> Vec<u64> {
+        self.mixture.samples_before(g)
     }
 
     /// This rank's microbatches of the next step, in order; advances the state by one global batch.
@@ -127,8 +168,9 @@ impl DataLoader {
         let mut out = Vec::with_capacity(c.accumulation_steps());
         for m in 0..c.accumulation_steps() {
             let first = base + (m * c.dp_degree * c.local_batch_size + c.dp_rank * c.local_batch_size) as u64;
-            let windows: Vec<usize> = (0..c.local_batch_size as u64).map(|i| self.window_of(first + i)).collect();
-            out.push(Batch::from_windows(&self.tokens, &windows, c.seq_len));
+            let picks: Vec<(usize, usize)> = (0..c.local_batch_size as u64).map(|i| self.window_of(first + i)).collect();
+            let windows: Vec<(&TokenFile, usize)> = picks.iter().map(|&(s, w)| (&*self.sources[s].tokens, w)).collect();
+            out.push(Batch::from_sources(&windows, c.seq_len));
         }
         self.state.samples_consumed += c.global_batch_size as u64;
         out

@@ -41,6 +41,8 @@ pub struct StepStats {
     /// This rank's parameter and optimizer-state bytes (shards under FSDP).
     pub param_bytes: usize,
     pub optim_bytes: usize,
+    /// Dataset mixtures: tokens of the whole job seen so far from each source.
+    pub tokens_by_source: Vec<(String, u64)>,
 }
 
 pub struct Trainer {
@@ -63,6 +65,8 @@ pub struct Trainer {
     pub checkpointing: Checkpointing,
     val_batches: Vec<Batch>,
     pub(crate) checkpoints: CheckpointFolder,
+    /// The sources of a dataset mixture (empty for one corpus), for per-source token metrics.
+    source_names: Vec<String>,
     /// A checkpoint being written on a background thread (`checkpoint.async_mode = "async"`).
     pub(crate) pending_save: Option<crate::checkpoint::pending::PendingSave>,
     /// Seconds training has waited for checkpoint saves (staging, writing when synchronous,
@@ -131,12 +135,22 @@ impl Trainer {
             );
         }
         let cache = paths::resolve(&cfg.training.cache_dir);
-        let train_path = paths::dataset(&cfg.training.dataset, &cfg.training.dataset_path);
         let corpus = cfg.training.corpus_options();
-        let tokens = Arc::new(tokenize_corpus_with(&train_path, &tokenizer, &cache, &corpus)?);
+        // One corpus, or the sources of a mixture with their weights.
+        let specs: Vec<(std::path::PathBuf, f64)> = if cfg.training.datasets.is_empty() {
+            vec![(paths::dataset(&cfg.training.dataset, &cfg.training.dataset_path), 1.0)]
+        } else {
+            cfg.training.datasets.iter().map(|d| (paths::resolve(&d.path), d.weight)).collect()
+        };
+        let mut corpora = Vec::new();
+        for (path, weight) in &specs {
+            corpora.push((Arc::new(tokenize_corpus_with(path, &tokenizer, &cache, &corpus)?), *weight));
+        }
+        let source_names: Vec<String> =
+            if specs.len() > 1 { cfg.training.datasets.iter().map(|d| d.path.clone()).collect() } else { Vec::new() };
         let seq_len = cfg.training.seq_len as usize;
-        let loader = DataLoader::new(
-            tokens,
+        let loader = DataLoader::mixture(
+            corpora,
             LoaderConfig {
                 seq_len,
                 global_batch_size: cfg.global_batch_size(rank.dp_degree),
@@ -186,6 +200,7 @@ impl Trainer {
             val_batches,
             checkpoints,
             pending_save: None,
+            source_names,
             checkpoint_blocked: 0.0,
             cfg,
             rank,
@@ -276,7 +291,20 @@ impl Trainer {
             pipeline_seconds,
             param_bytes: state::param_bytes(&self.model),
             optim_bytes: self.optim.state_bytes(),
+            tokens_by_source: self.tokens_by_source(),
         })
+    }
+
+    /// Tokens of the whole job seen from each mixture source (a pure function of the samples
+    /// consumed, so it survives resume and resharding).
+    fn tokens_by_source(&mut self) -> Vec<(String, u64)> {
+        if self.source_names.is_empty() {
+            return Vec::new();
+        }
+        let seen = self.loader.state().samples_consumed;
+        let counts = self.loader.source_samples(seen);
+        let seq = self.cfg.training.seq_len as u64;
+        self.source_names.iter().cloned().zip(counts.into_iter().map(|n| n * seq)).collect()
     }
 
     /// Positions per rank in the hidden states between pipeline stages.

@@ -5,6 +5,21 @@
 
 use serde::{Deserialize, Serialize};
 
+/// One source of a dataset mixture (`[[training.datasets]]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetSpec {
+    /// A file, folder or glob of corpus files (as `training.dataset_path`).
+    pub path: String,
+    /// Its share of the samples, in any scale (> 0).
+    #[serde(default = "one")]
+    pub weight: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
 macro_rules! section {
     ($(#[$m:meta])* $name:ident { $($(#[$fm:meta])* $field:ident : $ty:ty = $default:expr),* $(,)? }) => {
         $(#[$m])*
@@ -66,6 +81,9 @@ section!(Training {
     dataset_text_column: String = "text".into(),
     /// The id type of pre-tokenized `.bin` files: "uint16" (nanoGPT) or "uint32".
     dataset_token_dtype: String = "uint16".into(),
+    /// A mixture (`[[training.datasets]]` with `path` and `weight`); when set it replaces
+    /// `dataset`/`dataset_path`.
+    datasets: Vec<DatasetSpec> = Vec::new(),
     local_batch_size: i64 = 8,
     /// -1 = local_batch_size × data-parallel degree (no accumulation).
     global_batch_size: i64 = -1,

@@ -143,6 +143,14 @@ pub fn validate(c: &JobConfig) -> Result<()> {
     } else {
         one_of(&mut e, "checkpoint.async_mode", &k.async_mode, &["disabled", "async"]);
     }
+    for (i, d) in c.training.datasets.iter().enumerate() {
+        if !(d.weight.is_finite() && d.weight > 0.0) {
+            e.push(format!("`training.datasets[{i}].weight` = {} must be a positive number", d.weight));
+        }
+        if d.path.is_empty() {
+            e.push(format!("`training.datasets[{i}].path` must not be empty"));
+        }
+    }
     one_of(&mut e, "training.dataset_token_dtype", &c.training.dataset_token_dtype, &["uint16", "uint32"]);
     one_of(&mut e, "checkpoint.export_dtype", &k.export_dtype, &["float32", "bfloat16"]);
     for x in &k.exclude_from_loading {

@@ -197,6 +197,11 @@ impl MetricsLogger {
                 "step_time_s": s.seconds, "comm_time_s": s.comm_seconds,
                 "param_bytes": s.param_bytes, "optim_bytes": s.optim_bytes,
             });
+            let mut line = line;
+            if !s.tokens_by_source.is_empty() {
+                // Dataset mixtures: tokens seen so far from each source (the whole job).
+                line["tokens_by_source"] = s.tokens_by_source.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+            }
             writeln!(f, "{line}")?;
         }
         if let Some(tb) = self.tb.as_mut() {
