@@ -36,10 +36,20 @@ fn every_format_gives_the_same_tokens() {
     for (i, t) in docs.iter().enumerate() {
         std::fs::write(dir("txt").join(format!("{i:03}.txt")), t).unwrap();
     }
+    {
+        use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+        let ids: ArrayRef = std::sync::Arc::new(Int64Array::from_iter_values(0..docs.len() as i64));
+        let texts: ArrayRef = std::sync::Arc::new(StringArray::from_iter_values(docs.iter()));
+        let batch = RecordBatch::try_from_iter([("id", ids), ("text", texts)]).unwrap();
+        let f = std::fs::File::create(dir("parquet").join("part-0.parquet")).unwrap();
+        let mut w = parquet::arrow::ArrowWriter::try_new(f, batch.schema(), None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+    }
     let (tok, cache, o) = (tokenizer(), d.path().join("cache"), CorpusOptions::default());
     let want = ids(&tokenize_corpus_with(&d.path().join("plain"), &tok, &cache, &o).unwrap());
     assert!(want.len() > 1000);
-    for n in ["gz", "zst", "txt"] {
+    for n in ["gz", "zst", "txt", "parquet"] {
         assert_eq!(ids(&tokenize_corpus_with(&d.path().join(n), &tok, &cache, &o).unwrap()), want, "{n}");
     }
     let bin: Vec<u8> = want.iter().flat_map(|&x| (x as u16).to_le_bytes()).collect();
@@ -49,6 +59,17 @@ fn every_format_gives_the_same_tokens() {
     std::fs::copy(d.path().join("gz/a.jsonl.gz"), d.path().join("zst/b.jsonl.gz")).unwrap();
     let both = ids(&tokenize_corpus_with(&d.path().join("zst/*.jsonl.*"), &tok, &cache, &o).unwrap());
     assert_eq!(both, [want.clone(), want.clone()].concat());
+    // Parquet errors name the file (and the column).
+    let pq = d.path().join("parquet");
+    let o3 = CorpusOptions { text_column: "body".into(), ..Default::default() };
+    let e = format!("{:#}", tokenize_corpus_with(&pq, &tok, &cache, &o3).err().unwrap());
+    assert!(e.contains("part-0.parquet") && e.contains("no column \"body\"") && e.contains("\"text\""), "{e}");
+    let mut bytes = std::fs::read(pq.join("part-0.parquet")).unwrap();
+    let n = bytes.len();
+    bytes.truncate(n / 2);
+    std::fs::write(dir("badpq").join("x.parquet"), &bytes).unwrap();
+    let e = format!("{:#}", tokenize_corpus_with(&d.path().join("badpq"), &tok, &cache, &o).err().unwrap());
+    assert!(e.contains("x.parquet"), "{e}");
     // Another text column is another cache entry.
     let other = jsonl.replace("\"text\"", "\"body\"");
     std::fs::write(dir("body").join("a.jsonl"), other).unwrap();

@@ -3,6 +3,8 @@
 //! * `.txt`, `.md`, `.text`: one document per file;
 //! * `.jsonl`, `.json` (one JSON object per line), also gzip (`.jsonl.gz`) and zstd
 //!   (`.jsonl.zst`) compressed: one document per line, in the configured text field;
+//! * `.parquet` (the layout of HF datasets and the FineWeb/C4 dumps): one document per row of
+//!   the configured text column, read in record batches with only that column decoded;
 //! * `.bin`: pre-tokenized ids (nanoGPT's flat little-endian `uint16`, or `uint32`), no text.
 //!
 //! Texts are cut into pieces of about [`PIECE`] bytes after a newline followed by a non-space,
@@ -22,6 +24,7 @@ pub const PIECE: usize = 1 << 16;
 pub enum Format {
     Text,
     Jsonl(Compression),
+    Parquet,
     Tokens,
 }
 
@@ -44,6 +47,8 @@ pub fn format_of(path: &Path) -> Option<Format> {
         Format::Jsonl(Compression::Gzip)
     } else if ext(".jsonl.zst") || ext(".jsonl.zstd") || ext(".json.zst") {
         Format::Jsonl(Compression::Zstd)
+    } else if ext(".parquet") {
+        Format::Parquet
     } else if ext(".bin") {
         Format::Tokens
     } else {
@@ -145,8 +150,53 @@ pub fn for_each_piece(
             }
             unreachable!()
         }
+        Format::Parquet => for_each_parquet_document(path, file, text_field, each),
         Format::Tokens => bail!("{} holds token ids, not text", path.display()),
     }
+}
+
+/// The documents of a Parquet file's `text_field` column (string or large string), in row
+/// order; null rows are skipped.
+fn for_each_parquet_document(
+    path: &Path,
+    file: Counted<File>,
+    text_field: &str,
+    each: &mut dyn FnMut(String, bool) -> Result<()>,
+) -> Result<()> {
+    use arrow_array::{Array, LargeStringArray, StringArray, StringViewArray};
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::arrow::ProjectionMask;
+    let (read, len) = (file.read.clone(), file.inner.metadata().map(|m| m.len()).unwrap_or(0));
+    let b = ParquetRecordBatchReaderBuilder::try_new(file.inner)
+        .with_context(|| format!("{} is not a readable Parquet file", path.display()))?;
+    let schema = b.schema().clone();
+    let Some(i) = schema.fields().iter().position(|f| f.name() == text_field) else {
+        let cols: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        bail!("{}: no column {text_field:?} (columns: {cols:?}); set `training.dataset_text_column`", path.display());
+    };
+    let mask = ProjectionMask::roots(b.parquet_schema(), [i]);
+    let reader = b.with_projection(mask).with_batch_size(1024).build().with_context(|| format!("reading {}", path.display()))?;
+    let mut row = 0usize;
+    for batch in reader {
+        let batch = batch.with_context(|| format!("{}: corrupt Parquet data after row {row}", path.display()))?;
+        let col = batch.column(0);
+        let texts: Vec<Option<&str>> = if let Some(a) = col.as_any().downcast_ref::<StringArray>() {
+            a.iter().collect()
+        } else if let Some(a) = col.as_any().downcast_ref::<LargeStringArray>() {
+            a.iter().collect()
+        } else if let Some(a) = col.as_any().downcast_ref::<StringViewArray>() {
+            a.iter().collect()
+        } else {
+            bail!("{}: column {text_field:?} has type {}, not text", path.display(), col.data_type());
+        };
+        for t in texts.into_iter().flatten() {
+            pieces_of(t, each)?;
+        }
+        row += batch.num_rows();
+    }
+    // Progress: the Parquet reader reads the file itself; count it when done.
+    read.fetch_add(len, Ordering::Relaxed);
+    Ok(())
 }
 
 /// Streams the ids of a pre-tokenized `.bin` file (`uint16` or `uint32`, little-endian) in
