@@ -150,7 +150,7 @@ pub trait CommExt: Communicator {
         padded.resize(max, 0);
         let mut all = vec![0u8; max * n];
         self.all_gather(&padded, &mut all)?;
-        Ok(all.chunks(max.max(1)).zip(&lens).map(|(c, &l)| c[..l].to_vec()).collect())
+        Ok(lens.iter().enumerate().map(|(r, &l)| all[r * max..r * max + l].to_vec()).collect())
     }
 }
 

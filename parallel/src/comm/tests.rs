@@ -102,6 +102,21 @@ fn bf16_and_bytes() {
     }
 }
 
+/// Messages of any length, including all empty, come back in rank order.
+#[test]
+fn all_gather_of_uneven_and_empty_messages() {
+    let out = run_ranks(3, T, |c| {
+        let uneven = c.all_gather_varlen(&vec![c.rank() as u8 + 7; c.rank()])?;
+        let empty = c.all_gather_varlen(&[])?;
+        Ok((uneven, empty))
+    })
+    .unwrap();
+    for (uneven, empty) in out {
+        assert_eq!(uneven, vec![vec![], vec![8], vec![9, 9]]);
+        assert_eq!(empty, vec![Vec::<u8>::new(); 3]);
+    }
+}
+
 #[test]
 fn send_recv_around_a_ring_and_barrier() {
     for world in [2, 3, 4] {

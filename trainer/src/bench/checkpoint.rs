@@ -27,7 +27,6 @@ pub const MODES: [&str; 3] = ["gathered (rank 0 writes)", "sharded", "sharded as
 /// One save on one rank.
 #[derive(Debug, Clone, Copy)]
 struct Sample {
-    mode: usize,
     wall: f64,
     blocked: f64,
     peak_bytes: f64,
@@ -95,7 +94,7 @@ fn rank_bench(cfg: JobConfig, rank: RankContext, rounds: usize, steps: usize) ->
                     (t.checkpoint_blocked - blocked_before, peak)
                 }
             };
-            out.push(Sample { mode, wall: start.elapsed().as_secs_f64(), blocked, peak_bytes: peak as f64 });
+            out.push(Sample { wall: start.elapsed().as_secs_f64(), blocked, peak_bytes: peak as f64 });
         }
     }
     Ok(out)
@@ -141,7 +140,6 @@ pub fn bench(mut cfg: JobConfig, rounds: usize, steps: usize) -> Result<String> 
         let (b, b0, b1) = stats(of(&|x| x.blocked, Some(0)));
         let (p0, _, _) = stats(of(&|x| gib(x.peak_bytes), Some(0)));
         let (pm, _, _) = stats(of(&|x| gib(x.peak_bytes), None));
-        debug_assert!(all.iter().all(|r| r.iter().all(|x| x.mode < MODES.len())));
         s += &format!("| {name} | {w:.2} [{w0:.2}–{w1:.2}] | {b:.2} [{b0:.2}–{b1:.2}] | {p0:.3} | {pm:.3} |\n");
     }
     // Same-round ratios (rank 0): each round's modes ran back to back.

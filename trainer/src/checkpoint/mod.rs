@@ -95,7 +95,7 @@ impl Trainer {
         let model = state::model_to_tensors(&self.model);
         let optim = (!model_only).then(|| self.optim.state_dict(&self.model));
         let pieces = slots::pieces(&slots, model, optim);
-        let files = if self.world().0.is_none_or(|c| c.rank() == 0) {
+        let files = if self.rank.world_rank == 0 {
             let ts = TrainState {
                 step: self.step,
                 optimizer_step: self.optim.step_count(),

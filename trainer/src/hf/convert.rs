@@ -7,7 +7,7 @@ use crate::config::{to_toml, JobConfig};
 use anyhow::{anyhow, Context, Result};
 use std::path::{Path, PathBuf};
 use titan_checkpoints::sharded::tools::{open_sources, write_source};
-use titan_checkpoints::CheckpointFolder;
+use titan_checkpoints::{CheckpointFolder, TensorSource};
 use titan_models::hf_config::from_hf_config;
 
 /// Writes the HF model in `hf_dir` as the titan-rs checkpoint `out/step-0` (model only: start
@@ -17,7 +17,7 @@ pub fn from_hf(hf_dir: &Path, out: &Path) -> Result<(PathBuf, usize)> {
     let text = std::fs::read_to_string(&cfg_path).with_context(|| format!("reading {}", cfg_path.display()))?;
     let args = from_hf_config(&text).map_err(|e| anyhow!("{}: {e}", cfg_path.display()))?;
     let src = HfSource::open(hf_dir)?;
-    let n = src.shapes_count();
+    let n = src.shapes().len();
     let mut cfg = JobConfig::default();
     cfg.model.flavor = "hf".into();
     cfg.model.hf_assets_path = std::fs::canonicalize(hf_dir)?.display().to_string();

@@ -99,12 +99,6 @@ impl HfSource {
     }
 }
 
-impl HfSource {
-    pub fn shapes_count(&self) -> usize {
-        self.names.len()
-    }
-}
-
 impl TensorSource for HfSource {
     fn describe(&self) -> String {
         self.inner.describe()
