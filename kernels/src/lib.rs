@@ -21,7 +21,7 @@ pub mod ops;
 pub mod reference;
 pub mod trace_mark;
 
-pub use attention::causal_attention;
+pub use attention::{block_causal_attention, causal_attention};
 pub use trace_mark::backward_boundary;
 use burn::prelude::*;
 
@@ -60,9 +60,24 @@ pub fn silu_mul<const D: usize>(gate: Tensor<D>, up: Tensor<D>, fused: bool) -> 
     reference::silu_mul(gate, up)
 }
 
-/// Rotate-half RoPE of `x: [B, H, T, D]` with tables `[1, 1, T, D]`.
+/// Causal attention (`starts: None`) or block-causal attention over packed documents (query `i`
+/// of batch row `b` sees keys `starts[b, i] ..= i`), `q: [B, H, T, D]`, `k, v: [B, KV, T, D]`:
+/// the fused kernel where the device has one, else Burn's composed ops.
+pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, starts: Option<Tensor<2, Int>>, fused: bool) -> Tensor<4> {
+    if fused && has_kernels(&q.device()) {
+        return match starts {
+            Some(s) => block_causal_attention(q, k, v, s),
+            None => causal_attention(q, k, v),
+        };
+    }
+    reference::attention(q, k, v, starts)
+}
+
+/// Rotate-half RoPE of `x: [B, H, T, D]` with tables `[1, 1, T, D]` (one position per column,
+/// the fused kernel where the device has one) or `[B, 1, T, D]` (positions per batch row, e.g.
+/// restarting at each packed document: Burn's composed ops).
 pub fn rope(x: Tensor<4>, cos: Tensor<4>, sin: Tensor<4>, fused: bool) -> Tensor<4> {
-    if fused && has_kernels(&x.device()) {
+    if fused && cos.dims()[0] == 1 && has_kernels(&x.device()) {
         return ops::rope(x, cos, sin);
     }
     reference::rope(x, cos, sin)

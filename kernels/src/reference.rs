@@ -15,7 +15,7 @@ pub fn silu_mul<const D: usize>(gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
     burn::tensor::activation::silu(gate) * up
 }
 
-/// Rotate-half RoPE of `x: [B, H, T, D]` with tables `[1, 1, T, D]`.
+/// Rotate-half RoPE of `x: [B, H, T, D]` with tables `[1 or B, 1, T, D]`.
 pub fn rope(x: Tensor<4>, cos: Tensor<4>, sin: Tensor<4>) -> Tensor<4> {
     let [b, h, t, d] = x.dims();
     let half = d / 2;
@@ -23,6 +23,31 @@ pub fn rope(x: Tensor<4>, cos: Tensor<4>, sin: Tensor<4>) -> Tensor<4> {
     let x2 = x.clone().slice([0..b, 0..h, 0..t, half..d]);
     let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
     x * cos + rotated * sin
+}
+
+/// Attention `softmax(q kᵀ / √D + mask) v` with Burn's composed op: `q: [B, H, T, D]`,
+/// `k, v: [B, KV, T, D]` (each kv head repeated for its `H / KV` query heads). Causal; with
+/// `starts: [B, T]`, query `i` of batch row `b` also sees no key before `starts[b, i]` (its
+/// document's first position: block-causal).
+pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, starts: Option<Tensor<2, Int>>) -> Tensor<4> {
+    use burn::tensor::{module, ops::AttentionModuleOptions};
+    let [b, h, t, _] = q.dims();
+    let rep = h / k.dims()[1];
+    let mask = starts.map(|s| {
+        let keys: Tensor<4, Int> = Tensor::<1, Int>::arange(0..t as i64, &q.device()).reshape([1, 1, 1, t]);
+        keys.expand([b, h, t, t]).lower(s.reshape([b, 1, t, 1]).expand([b, h, t, t]))
+    });
+    let opts = AttentionModuleOptions { is_causal: true, ..Default::default() };
+    module::attention(q, repeat_kv(k, rep), repeat_kv(v, rep), mask, None, opts)
+}
+
+/// `[B, kv, T, d]` → `[B, kv·rep, T, d]`, each kv head shared by `rep` query heads.
+fn repeat_kv(x: Tensor<4>, rep: usize) -> Tensor<4> {
+    if rep == 1 {
+        return x;
+    }
+    let [b, kv, t, d] = x.dims();
+    x.unsqueeze_dim::<5>(2).expand([b, kv, rep, t, d]).reshape([b, kv * rep, t, d])
 }
 
 /// Sum over all positions of `-log softmax(logits)[target]`. `logits: [B, T, V]`, `targets: [B, T]`.

@@ -13,7 +13,7 @@
 //! crossing a boundary, so each part of the graph is traversed exactly once, as without
 //! checkpointing.
 
-use crate::rope::RopeTables;
+use crate::positions::Positions;
 use burn::prelude::*;
 use burn::tensor::Gradients;
 
@@ -44,7 +44,7 @@ impl Checkpointing {
 /// What the backward of a checkpointed stage needs: each checkpointed block's saved input and
 /// the leaf its output became, in forward order.
 pub struct Tape {
-    rope: Option<RopeTables>,
+    positions: Option<Positions>,
     saved: Vec<Saved>,
 }
 
@@ -57,41 +57,41 @@ struct Saved {
 
 impl Tape {
     pub(crate) fn new() -> Self {
-        Self { rope: None, saved: Vec::new() }
+        Self { positions: None, saved: Vec::new() }
     }
 
-    /// Runs `plain_forward` (block `block`) on `x` off the graph with plain RoPE tables, so
-    /// nothing is kept for backward; saves `x` and returns the output as a new leaf.
+    /// Runs `plain_forward` (block `block`) on `x` off the graph with plain position tensors,
+    /// so nothing is kept for backward; saves `x` and returns the output as a new leaf.
     pub(crate) fn checkpoint(
         &mut self,
         block: usize,
         x: Tensor<3>,
-        rope: &RopeTables,
-        plain_forward: impl FnOnce(Tensor<3>, &RopeTables) -> Tensor<3>,
+        pos: &Positions,
+        plain_forward: impl FnOnce(Tensor<3>, &Positions) -> Tensor<3>,
     ) -> Tensor<3> {
-        let y = plain_forward(x.clone().inner(), &rope.without_autodiff());
+        let y = plain_forward(x.clone().inner(), &pos.without_autodiff());
         let output = y.autodiff().require_grad();
-        self.rope.get_or_insert_with(|| rope.clone());
+        self.positions.get_or_insert_with(|| pos.clone());
         self.saved.push(Saved { block, input: x, output: output.clone() });
         output
     }
 
     /// The backward pass from `root`, recomputing each checkpointed block with
-    /// `recompute(block, input, rope)` (last block first). Every pass but the last hands its
+    /// `recompute(block, input, positions)` (last block first). Every pass but the last hands its
     /// gradients to `each`; the last pass's gradients are returned. Without checkpointed blocks
     /// this is `root.backward()`.
     pub(crate) fn backward(
         self,
         root: Tensor<1>,
-        mut recompute: impl FnMut(usize, Tensor<3>, &RopeTables) -> Tensor<3>,
+        mut recompute: impl FnMut(usize, Tensor<3>, &Positions) -> Tensor<3>,
         mut each: impl FnMut(Gradients),
     ) -> Gradients {
         let mut grads = root.backward();
-        let Some(rope) = self.rope else { return grads };
+        let Some(pos) = self.positions else { return grads };
         for s in self.saved.into_iter().rev() {
             let dy = s.output.grad(&grads).expect("a checkpointed block's output takes part in the loss");
             each(grads);
-            let y = recompute(s.block, s.input, &rope);
+            let y = recompute(s.block, s.input, &pos);
             grads = (y * dy).sum().backward();
         }
         grads

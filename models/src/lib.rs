@@ -12,6 +12,7 @@ pub mod init;
 pub mod layers;
 pub mod llama;
 pub mod loss;
+pub mod positions;
 pub mod rope;
 
 pub use args::{ModelArgs, FLAVORS};
@@ -19,6 +20,7 @@ pub use axes::{LogicalAxis, ParamSpec};
 pub use checkpoint::{Checkpointing, Tape};
 pub use hooks::{ActivationHooks, Hooks};
 pub use llama::Transformer;
+pub use positions::{DocumentMask, Documents};
 pub use rope::RopeScaling;
 
 #[cfg(test)]

@@ -8,14 +8,13 @@ use crate::axes::{LogicalAxis, ParamSpec};
 use crate::checkpoint::{Checkpointing, Tape};
 use crate::hooks::Hooks;
 use crate::layers::{Embedding, Linear, RmsNorm};
-use crate::rope::{RopeScaling, RopeTables};
+use crate::positions::{Documents, Positions};
+use crate::rope::RopeScaling;
 use burn::module::{ModuleVisitor, Param};
 use burn::prelude::*;
-use burn::tensor::module::attention;
-use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, Gradients};
 use std::ops::Range;
-use titan_kernels::{backward_boundary, causal_attention, has_kernels};
+use titan_kernels::backward_boundary;
 use titan_profiling::Boundary;
 
 const INIT_STD: f64 = 0.02;
@@ -47,7 +46,7 @@ impl Attention {
 
     /// Head counts come from the projections' output widths, so a rank holding a slice of the
     /// heads (tensor parallelism) runs the same code on its heads.
-    pub fn forward(&self, x: Tensor<3>, rope: &RopeTables, hooks: &Hooks) -> Tensor<3> {
+    pub fn forward(&self, x: Tensor<3>, pos: &Positions, hooks: &Hooks) -> Tensor<3> {
         let x = hooks.column_input(x);
         let [b, t, _] = x.dims();
         let hd = self.head_dim;
@@ -55,28 +54,13 @@ impl Attention {
             let n = y.dims()[2] / hd;
             y.reshape([b, t, n, hd]).swap_dims(1, 2)
         };
-        let q = rope.apply(heads(self.wq.forward(x.clone())));
-        let k = rope.apply(heads(self.wk.forward(x.clone())));
+        let q = pos.rope.apply(heads(self.wq.forward(x.clone())));
+        let k = pos.rope.apply(heads(self.wk.forward(x.clone())));
         let v = heads(self.wv.forward(x));
-        let (nh, nkv) = (q.dims()[1], k.dims()[1]);
-        let o = if self.fused && has_kernels(&q.device()) {
-            causal_attention(q, k, v)
-        } else {
-            let (k, v) = (repeat_kv(k, nh / nkv), repeat_kv(v, nh / nkv));
-            let opts = AttentionModuleOptions { is_causal: true, ..Default::default() };
-            attention(q, k, v, None, None, opts)
-        };
+        let nh = q.dims()[1];
+        let o = titan_kernels::attention(q, k, v, pos.doc_starts.clone(), self.fused);
         hooks.row_output(self.wo.forward(o.swap_dims(1, 2).reshape([b, t, nh * hd])))
     }
-}
-
-/// `[B, kv, T, d]` → `[B, kv·rep, T, d]`, each kv head shared by `rep` query heads.
-fn repeat_kv(x: Tensor<4>, rep: usize) -> Tensor<4> {
-    if rep == 1 {
-        return x;
-    }
-    let [b, kv, t, d] = x.dims();
-    x.unsqueeze_dim::<5>(2).expand([b, kv, rep, t, d]).reshape([b, kv * rep, t, d])
 }
 
 /// SwiGLU: `w2(silu(w1 x) · w3 x)`.
@@ -129,8 +113,8 @@ impl TransformerBlock {
         }
     }
 
-    pub fn forward(&self, x: Tensor<3>, rope: &RopeTables, hooks: &Hooks) -> Tensor<3> {
-        let h = x.clone() + self.attention.forward(self.attention_norm.forward(x), rope, hooks);
+    pub fn forward(&self, x: Tensor<3>, pos: &Positions, hooks: &Hooks) -> Tensor<3> {
+        let h = x.clone() + self.attention.forward(self.attention_norm.forward(x), pos, hooks);
         h.clone() + self.feed_forward.forward(self.ffn_norm.forward(h), hooks)
     }
 }
@@ -239,20 +223,27 @@ impl Transformer {
     /// of the vocabulary: the full logits are never formed). The whole model only.
     pub fn forward(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
         let t = tokens.dims()[1];
-        self.forward_stage(StageInput::Tokens(tokens), t)
+        self.forward_stage(StageInput::Tokens(tokens), t, None)
     }
 
     /// This stage's part of the forward pass for sequences of `seq_len` positions: token ids on
     /// the first stage, hidden states `[B, T', dim]` after it; logits out of the last stage,
-    /// hidden states out of the others.
-    pub fn forward_stage(&self, input: StageInput, seq_len: usize) -> Tensor<3> {
-        self.forward_stage_checkpointed(input, seq_len, Checkpointing::None).0
+    /// hidden states out of the others. With `docs`, attention is block-causal over the packed
+    /// documents (see [`crate::positions`]).
+    pub fn forward_stage(&self, input: StageInput, seq_len: usize, docs: Option<&Documents>) -> Tensor<3> {
+        self.forward_stage_checkpointed(input, seq_len, docs, Checkpointing::None).0
     }
 
     /// [`Self::forward_stage`] with the blocks `ac` covers checkpointed: they keep only their
     /// input, and [`Self::backward_stage`] with the returned tape recomputes them. Without
     /// autodiff nothing is kept anyway and no block is checkpointed.
-    pub fn forward_stage_checkpointed(&self, input: StageInput, seq_len: usize, ac: Checkpointing) -> (Tensor<3>, Tape) {
+    pub fn forward_stage_checkpointed(
+        &self,
+        input: StageInput,
+        seq_len: usize,
+        docs: Option<&Documents>,
+        ac: Checkpointing,
+    ) -> (Tensor<3>, Tape) {
         let mut h = match (input, &self.tok_embeddings) {
             (StageInput::Tokens(ids), Some(e)) => self.hooks.embed(e.weight.val(), ids),
             (StageInput::Hidden(h), None) => h,
@@ -261,18 +252,19 @@ impl Transformer {
         if let Some(dtype) = self.compute_dtype {
             h = h.cast(dtype);
         }
-        let mut rope = RopeTables::new(self.rope_theta, self.rope_scaling.as_ref(), self.head_dim, 0, seq_len, &h.device());
-        rope.fused = self.fused_kernels;
+        let mut pos =
+            Positions::new(self.rope_theta, self.rope_scaling.as_ref(), self.head_dim, seq_len, docs, &h.device());
+        pos.rope.fused = self.fused_kernels;
         let mut tape = Tape::new();
         let autodiff = h.device().is_autodiff();
         for (i, layer) in self.layers.iter().enumerate() {
             h = if autodiff && ac.covers(self.first_layer + i) {
-                tape.checkpoint(i, h, &rope, |x, rope| {
+                tape.checkpoint(i, h, &pos, |x, pos| {
                     let layer = layer.valid();
-                    traced(|| self.block_name(i), x, |x| layer.forward(x, rope, &self.hooks))
+                    traced(|| self.block_name(i), x, |x| layer.forward(x, pos, &self.hooks))
                 })
             } else {
-                traced(|| self.block_name(i), h, |h| layer.forward(h, &rope, &self.hooks))
+                traced(|| self.block_name(i), h, |h| layer.forward(h, &pos, &self.hooks))
             };
         }
         let out = match (&self.norm, &self.output, &self.tok_embeddings) {
@@ -296,9 +288,9 @@ impl Transformer {
     /// pass but the last hands its gradients to `each`; the last pass's gradients are returned
     /// (they hold the stage input's gradient).
     pub fn backward_stage(&self, root: Tensor<1>, tape: Tape, each: impl FnMut(Gradients)) -> Gradients {
-        let recompute = |i: usize, x: Tensor<3>, rope: &RopeTables| {
+        let recompute = |i: usize, x: Tensor<3>, pos: &Positions| {
             let _span = titan_profiling::span_with(|| format!("{}.recompute", self.block_name(i)), "backward");
-            traced(|| self.block_name(i), x, |x| self.layers[i].forward(x, rope, &self.hooks))
+            traced(|| self.block_name(i), x, |x| self.layers[i].forward(x, pos, &self.hooks))
         };
         tape.backward(root, recompute, each)
     }

@@ -33,7 +33,8 @@ impl RopeScaling {
     }
 }
 
-/// cos and sin tables of shape `[1, 1, T, head_dim]`, positions `start..start+T`.
+/// cos and sin tables of shape `[1, 1, T, head_dim]` (positions `0..T`) or `[B, 1, T, head_dim]`
+/// (positions per batch row, e.g. restarting at each packed document).
 #[derive(Clone)]
 pub struct RopeTables {
     pub cos: Tensor<4>,
@@ -43,7 +44,21 @@ pub struct RopeTables {
 }
 
 impl RopeTables {
-    pub fn new(theta: f64, scaling: Option<&RopeScaling>, head_dim: usize, start: usize, len: usize, device: &Device) -> Self {
+    /// Tables for positions `0..len`.
+    pub fn new(theta: f64, scaling: Option<&RopeScaling>, head_dim: usize, len: usize, device: &Device) -> Self {
+        let positions: Vec<usize> = (0..len).collect();
+        Self::for_positions(theta, scaling, head_dim, &positions, 1, device)
+    }
+
+    /// Tables for `positions` (`rows × T`, row-major): shape `[rows, 1, T, head_dim]`.
+    pub fn for_positions(
+        theta: f64,
+        scaling: Option<&RopeScaling>,
+        head_dim: usize,
+        positions: &[usize],
+        rows: usize,
+        device: &Device,
+    ) -> Self {
         let half = head_dim / 2;
         let freqs: Vec<f64> = (0..half)
             .map(|i| {
@@ -51,21 +66,25 @@ impl RopeTables {
                 scaling.map_or(f, |s| s.scale(f))
             })
             .collect();
-        let mut cos = Vec::with_capacity(len * head_dim);
-        let mut sin = Vec::with_capacity(len * head_dim);
-        for pos in start..start + len {
+        // One row of each table per distinct position, then copied where it occurs.
+        let distinct = positions.iter().max().map_or(0, |m| m + 1);
+        let (mut cos_row, mut sin_row) = (Vec::with_capacity(distinct * head_dim), Vec::with_capacity(distinct * head_dim));
+        for pos in 0..distinct {
             for _ in 0..2 {
                 for freq in &freqs {
                     let angle = pos as f64 * freq;
-                    cos.push(angle.cos() as f32);
-                    sin.push(angle.sin() as f32);
+                    cos_row.push(angle.cos() as f32);
+                    sin_row.push(angle.sin() as f32);
                 }
             }
         }
-        let shape = [1, 1, len, head_dim];
+        let gather = |table: &[f32]| -> Vec<f32> {
+            positions.iter().flat_map(|&p| table[p * head_dim..(p + 1) * head_dim].iter().copied()).collect()
+        };
+        let shape = [rows, 1, positions.len() / rows.max(1), head_dim];
         Self {
-            cos: Tensor::from_data(TensorData::new(cos, shape), device),
-            sin: Tensor::from_data(TensorData::new(sin, shape), device),
+            cos: Tensor::from_data(TensorData::new(gather(&cos_row), shape), device),
+            sin: Tensor::from_data(TensorData::new(gather(&sin_row), shape), device),
             fused: true,
         }
     }
@@ -75,7 +94,7 @@ impl RopeTables {
         Self { cos: self.cos.clone().inner(), sin: self.sin.clone().inner(), fused: self.fused }
     }
 
-    /// Rotates `x` of shape `[B, heads, T, head_dim]`.
+    /// Rotates `x` of shape `[B, heads, T, head_dim]` (batched tables: `B` rows).
     pub fn apply(&self, x: Tensor<4>) -> Tensor<4> {
         let dtype = x.dtype();
         titan_kernels::rope(x, self.cos.clone().cast(dtype), self.sin.clone().cast(dtype), self.fused)

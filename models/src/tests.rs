@@ -137,3 +137,44 @@ fn fused_and_reference_attention_train_the_same() {
     let err = gf.iter().zip(&gr).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
     assert!(err <= 1e-5 * scale, "wq grad error {err} vs scale {scale}");
 }
+
+/// The whole model on a packed row with block-causal attention gives each document the logits
+/// it gets alone (fused kernel and reference path alike), whether RoPE positions restart per
+/// document or not: RoPE scores depend only on relative positions, so the restart changes
+/// rounding, not the function. Causal attention over the same row does not.
+#[test]
+fn block_causal_model_sees_each_document_alone() {
+    use crate::llama::StageInput;
+    let args = ModelArgs::flavor("tiny").unwrap();
+    let dev = cpu();
+    let eos = 5i64;
+    let docs: [Vec<i64>; 3] = [vec![11, 12, 13, eos], vec![21, 22, eos], vec![31, 32, 33, 34, 35]];
+    let packed: Vec<i64> = docs.concat();
+    let t = packed.len();
+    let logits = |m: &Transformer, ids: &[i64], mask: Option<DocumentMask>| -> Vec<f32> {
+        let d = mask.map(|mask| mask.documents(ids, 1, ids.len()));
+        let x = Tensor::<2, Int>::from_data(TensorData::new(ids.to_vec(), [1, ids.len()]), &dev);
+        m.forward_stage(StageInput::Tokens(x), ids.len(), d.as_ref()).into_data().try_to_vec::<f32>().unwrap()
+    };
+    let v = args.vocab_size;
+    for fused in [true, false] {
+        let m = Transformer::new(&args, 4, &dev).with_fused_attention(fused).with_fused_kernels(fused);
+        for restart in [true, false] {
+            let all = logits(&m, &packed, Some(DocumentMask { eos, restart_positions: restart }));
+            assert_eq!(all.len(), t * v);
+            let mut s = 0;
+            for (n, doc) in docs.iter().enumerate() {
+                let alone = logits(&m, doc, None);
+                let part = &all[s * v..(s + doc.len()) * v];
+                let err = part.iter().zip(&alone).fold(0f32, |e, (a, b)| e.max((a - b).abs()));
+                assert!(err < 1e-5, "fused {fused}, restart {restart}: document {n} differs by {err}");
+                s += doc.len();
+            }
+        }
+        // Causal attention over the same row: later documents see earlier ones.
+        let causal = logits(&m, &packed, None);
+        let alone = logits(&m, &docs[1], None);
+        let err = causal[4 * v..7 * v].iter().zip(&alone).fold(0f32, |e, (a, b)| e.max((a - b).abs()));
+        assert!(err > 1e-3, "causal attention ignored the previous document");
+    }
+}

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use titan_checkpoints::{load_tensors, save_tensors, TensorMap};
 use titan_data::Batch;
 use titan_models::llama::StageInput;
-use titan_models::{Checkpointing, Tape};
+use titan_models::{Checkpointing, DocumentMask, Tape};
 use titan_models::{ModelArgs, Transformer};
 use titan_parallel::pp::schedule::{check_microbatches, rank_actions};
 use titan_parallel::pp::{Action, Schedule, StageSplit};
@@ -164,6 +164,8 @@ pub struct StepInputs<'a> {
     pub dim: usize,
     /// The blocks that recompute their activations in backward.
     pub checkpointing: Checkpointing,
+    /// Block-causal attention over the packed documents of each row (`None`: causal).
+    pub documents: Option<DocumentMask>,
 }
 
 /// What running the schedule on one batch produced on this rank.
@@ -246,6 +248,7 @@ pub fn run_schedule(
     let (b, t) = (io.batch.batch / layout.microbatches, io.batch.seq_len);
     let stages = layout.split.num_stages();
     let rows = |v: &[i64], m: usize| to_tensor_2d(&v[m * b * t..(m + 1) * b * t], b, t, device);
+    let docs = |m: usize| io.documents.map(|d| d.documents(&io.batch.inputs[m * b * t..(m + 1) * b * t], b, t));
     let wire = Wire { pp, layout, hidden: [b, io.hidden_positions, io.dim], device };
     let mut saved: HashMap<(usize, usize), Saved> = HashMap::new();
     let (mut loss_sum, mut busy) = (0.0f64, Duration::ZERO);
@@ -270,7 +273,7 @@ pub fn run_schedule(
                     let x = recv(stage, m, stage - 1, false)?.require_grad();
                     (StageInput::Hidden(x.clone()), Some(x))
                 };
-                let (y, tape) = chunk.forward_stage_checkpointed(input, t, io.checkpointing);
+                let (y, tape) = chunk.forward_stage_checkpointed(input, t, docs(m).as_ref(), io.checkpointing);
                 if stage == stages - 1 {
                     let mut loss = placement.loss(y, rows(&io.batch.targets, m)).div_scalar(io.total_tokens as f64);
                     if io.inject_nan {
@@ -311,17 +314,20 @@ pub fn run_schedule(
 
 /// The summed loss of `batch` through this rank's stages in order, without gradients (0 on
 /// ranks without the last stage).
+#[allow(clippy::too_many_arguments)]
 pub fn forward_only(
     model: &RankModel,
     layout: &RankLayout,
     placement: &Placement,
     pp: Option<&dyn Communicator>,
     batch: &Batch,
+    documents: Option<DocumentMask>,
     hidden_positions: usize,
     dim: usize,
     device: &Device,
 ) -> Result<f64> {
     let (b, t) = (batch.batch, batch.seq_len);
+    let docs = documents.map(|d| d.documents(&batch.inputs, b, t));
     let stages = layout.split.num_stages();
     let wire = Wire { pp, layout, hidden: [b, hidden_positions, dim], device };
     let mut loss = 0.0;
@@ -331,7 +337,7 @@ pub fn forward_only(
         } else {
             StageInput::Hidden(wire.recv(stage, 0, stage - 1, false)?)
         };
-        let y = model.chunks[c].forward_stage(input, t);
+        let y = model.chunks[c].forward_stage(input, t, docs.as_ref());
         if stage == stages - 1 {
             loss = placement.loss(y, to_tensor_2d(&batch.targets, b, t, device)).into_scalar::<f32>() as f64;
         } else {

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use titan_checkpoints::CheckpointFolder;
 use titan_data::{tokenize_corpus_with, Batch, DataLoader, LoaderConfig, Tokenizer, ValidationBatches};
-use titan_models::{Checkpointing, ModelArgs, Transformer};
+use titan_models::{Checkpointing, DocumentMask, ModelArgs, Transformer};
 use titan_parallel::{CommExt, ReduceOp};
 
 /// What one optimizer step did.
@@ -63,6 +63,8 @@ pub struct Trainer {
     pub placement: Placement,
     /// The blocks that recompute their activations in backward (`activation_checkpoint`).
     pub checkpointing: Checkpointing,
+    /// Block-causal attention over packed documents (`model.attn_mask_type`).
+    pub documents: Option<DocumentMask>,
     val_batches: Vec<Batch>,
     pub(crate) checkpoints: CheckpointFolder,
     /// The sources of a dataset mixture (empty for one corpus), for per-source token metrics.
@@ -193,6 +195,10 @@ impl Trainer {
             model,
             layout,
             loader,
+            documents: (cfg.model.attn_mask_type == "block_causal").then(|| DocumentMask {
+                eos: tokenizer.eos_id() as i64,
+                restart_positions: cfg.model.rope_per_document,
+            }),
             tokenizer,
             step: 0,
             placement,
@@ -243,6 +249,7 @@ impl Trainer {
                 hidden_positions: self.hidden_positions(),
                 dim: self.args.dim,
                 checkpointing: self.checkpointing,
+                documents: self.documents,
             };
             let pp = self.rank.pp.as_deref();
             let out = run_schedule(&self.model, &self.layout, &self.placement, pp, &io, &self.device, &mut acc)?;
@@ -328,7 +335,7 @@ impl Trainer {
         let pp = self.rank.pp.as_deref();
         for b in &self.val_batches {
             let (h, dim) = (self.hidden_positions(), self.args.dim);
-            sum += forward_only(&model, &self.layout, &self.placement, pp, b, h, dim, &device)?;
+            sum += forward_only(&model, &self.layout, &self.placement, pp, b, self.documents, h, dim, &device)?;
             n += b.num_tokens();
         }
         if let Some(pp) = pp {

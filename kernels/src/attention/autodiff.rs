@@ -8,19 +8,22 @@ use burn::backend::autodiff::{
     ops::{Backward, Ops, OpsKind},
     Autodiff,
 };
-use burn::backend::{tensor::FloatTensor, AutodiffBackend, Backend};
+use burn::backend::{
+    tensor::{FloatTensor, IntTensor},
+    AutodiffBackend, Backend,
+};
 
 #[derive(Debug)]
 struct FusedAttentionBackward;
 
 impl<B: Backend + FusedAttentionOps> Backward<B, 3> for FusedAttentionBackward {
-    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, f64);
+    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, IntTensor<B>, FloatTensor<B>, FloatTensor<B>, f64);
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
         let [node_q, node_k, node_v] = ops.parents;
         let d_o = grads.consume::<B>(&ops.node);
-        let (q, k, v, o, lse, scale) = ops.state;
-        let (dq, dk, dv) = B::fused_causal_attention_bwd(q, k, v, o, lse, d_o, scale);
+        let (q, k, v, starts, o, lse, scale) = ops.state;
+        let (dq, dk, dv) = B::fused_attention_bwd(q, k, v, starts, o, lse, d_o, scale);
         for (node, grad) in [(node_q, dq), (node_k, dk), (node_v, dv)] {
             if let Some(node) = node {
                 grads.register::<B>(node.id, grad);
@@ -30,29 +33,33 @@ impl<B: Backend + FusedAttentionOps> Backward<B, 3> for FusedAttentionBackward {
 }
 
 impl<B: Backend + FusedAttentionOps, C: CheckpointStrategy> FusedAttentionOps for Autodiff<B, C> {
-    fn fused_causal_attention_fwd(
+    fn fused_attention_fwd(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
+        starts: IntTensor<Self>,
         scale: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (o, lse) = B::fused_causal_attention_fwd(q.into_primitive(), k.into_primitive(), v.into_primitive(), scale);
+        let (o, lse) =
+            B::fused_attention_fwd(q.into_primitive(), k.into_primitive(), v.into_primitive(), starts, scale);
         (Self::from_inner(o), Self::from_inner(lse))
     }
 
-    fn fused_causal_attention_bwd(
+    fn fused_attention_bwd(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
+        starts: IntTensor<Self>,
         o: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         d_o: FloatTensor<Self>,
         scale: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (dq, dk, dv) = B::fused_causal_attention_bwd(
+        let (dq, dk, dv) = B::fused_attention_bwd(
             q.into_primitive(),
             k.into_primitive(),
             v.into_primitive(),
+            starts,
             o.into_primitive(),
             lse.into_primitive(),
             d_o.into_primitive(),
@@ -61,17 +68,18 @@ impl<B: Backend + FusedAttentionOps, C: CheckpointStrategy> FusedAttentionOps fo
         (Self::from_inner(dq), Self::from_inner(dk), Self::from_inner(dv))
     }
 
-    fn fused_causal_attention(
+    fn fused_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
+        starts: IntTensor<Self>,
         scale: f64,
     ) -> FloatTensor<Self> {
         let guards = [q.node(), k.node(), v.node()];
         let (q, k, v) = (q.into_primitive(), k.into_primitive(), v.into_primitive());
-        let (o, lse) = B::fused_causal_attention_fwd(q.clone(), k.clone(), v.clone(), scale);
+        let (o, lse) = B::fused_attention_fwd(q.clone(), k.clone(), v.clone(), starts.clone(), scale);
         match FusedAttentionBackward.prepare::<C>(guards).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => prep.finish((q, k, v, o.clone(), lse, scale), o),
+            OpsKind::Tracked(prep) => prep.finish((q, k, v, starts, o.clone(), lse, scale), o),
             OpsKind::UnTracked(prep) => prep.finish(o),
         }
     }

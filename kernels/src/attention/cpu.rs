@@ -1,7 +1,12 @@
 //! Host kernels of the fused causal attention, on row-major `[B, heads, T, D]` slices.
 //!
+//! Query row `i` of batch row `b` sees the keys `starts[b, i] ..= i`: `starts` all zero is
+//! plain causal attention; the first position of each token's document is block-causal
+//! (document-masked) attention over packed sequences.
+//!
 //! Flash-attention style: queries and keys are cut into tiles of [`TILE_Q`] and [`TILE_K`]
-//! rows; for each query tile the key tiles up to the diagonal are visited with an online
+//! rows; for each query tile the key tiles from the tile's earliest visible key up to the
+//! diagonal are visited with an online
 //! softmax (running maximum and sum per row), so no more than one `TILE_Q × TILE_K` block of
 //! scores exists at a time — the
 //! `[T, T]` matrix is never formed, forward or backward. The tile products are GEMMs (`gemm`
@@ -38,24 +43,40 @@ impl Dims {
     }
 }
 
-/// Keys a query row `i` (absolute) may see inside the key tile starting at `j0` of length `bk`.
+/// The keys (relative to the tile) that query row `i` (absolute), whose first visible key is
+/// `start`, may see inside the key tile starting at `j0` of length `bk`; empty when none.
 #[inline]
-fn visible(i: usize, j0: usize, bk: usize) -> usize {
-    (i + 1).saturating_sub(j0).min(bk)
+fn visible(i: usize, start: usize, j0: usize, bk: usize) -> std::ops::Range<usize> {
+    let end = (i + 1).saturating_sub(j0).min(bk);
+    start.saturating_sub(j0).min(end)..end
 }
 
-/// `s[j] = exp(s[j] · scale − shift)` for the visible prefix, `0` for the masked rest.
+/// `s[j] = exp(s[j] · scale − shift)` for the visible keys, `0` for the masked rest.
 #[inline]
-fn probabilities(s: &mut [f32], visible: usize, scale: f32, shift: f32) {
-    let (seen, masked) = s.split_at_mut(visible);
+fn probabilities(s: &mut [f32], visible: std::ops::Range<usize>, scale: f32, shift: f32) {
+    let (before, rest) = s.split_at_mut(visible.start);
+    let (seen, after) = rest.split_at_mut(visible.len());
     for x in seen.iter_mut() {
         *x = exp_nonpositive(*x * scale - shift);
     }
-    masked.iter_mut().for_each(|x| *x = 0.0);
+    before.iter_mut().chain(after).for_each(|x| *x = 0.0);
 }
 
-/// Output `[b, h, t, d]` and per-row log-sum-exp `[b, h, t]` of `softmax(q kᵀ · scale, causal) v`.
-pub fn forward(q: &[f32], k: &[f32], v: &[f32], n: Dims, scale: f32) -> (Vec<f32>, Vec<f32>) {
+/// The first visible key of each query row of one batch row (`starts[b]`), checked.
+fn row_starts(starts: &[i64], n: Dims, b: usize) -> &[i64] {
+    let s = &starts[b * n.t..(b + 1) * n.t];
+    debug_assert!(s.iter().enumerate().all(|(i, &x)| (0..=i as i64).contains(&x)), "document starts out of range");
+    s
+}
+
+/// The first key tile position for the query tile `i0 .. i0 + bq`: its earliest visible key.
+fn first_key(starts: &[i64], i0: usize, bq: usize) -> usize {
+    starts[i0..i0 + bq].iter().copied().min().unwrap_or(0).max(0) as usize
+}
+
+/// Output `[b, h, t, d]` and per-row log-sum-exp `[b, h, t]` of `softmax(q kᵀ · scale, mask) v`,
+/// the mask letting row `i` see keys `starts[b, i] ..= i` (`starts: [b, t]`).
+pub fn forward(q: &[f32], k: &[f32], v: &[f32], starts: &[i64], n: Dims, scale: f32) -> (Vec<f32>, Vec<f32>) {
     let (hs, d, t, rep) = (n.head(), n.d, n.t, n.rep());
     let mut o = vec![0f32; n.b * n.h * hs];
     let mut lse = vec![0f32; n.b * n.h * t];
@@ -65,6 +86,7 @@ pub fn forward(q: &[f32], k: &[f32], v: &[f32], n: Dims, scale: f32) -> (Vec<f32
             || {
                 let kv_off = bg * hs;
                 let (kh, vh) = (&k[kv_off..kv_off + hs], &v[kv_off..kv_off + hs]);
+                let starts = row_starts(starts, n, bg / n.kv);
                 let mut s = vec![0f32; TILE_Q * TILE_K];
                 let (mut max, mut total) = ([0f32; TILE_Q], [0f32; TILE_Q]);
                 for r in 0..rep {
@@ -75,15 +97,20 @@ pub fn forward(q: &[f32], k: &[f32], v: &[f32], n: Dims, scale: f32) -> (Vec<f32
                         let oi = &mut o[r * hs + i0 * d..r * hs + (i0 + bq) * d];
                         max[..bq].fill(f32::NEG_INFINITY);
                         total[..bq].fill(0.0);
-                        for j0 in (0..i0 + bq).step_by(TILE_K) {
+                        for j0 in (first_key(starts, i0, bq)..i0 + bq).step_by(TILE_K) {
                             let bk = TILE_K.min(i0 + bq - j0);
                             let s = &mut s[..bq * bk];
                             matmul(s, bk, false, qi, View::rows(&kh[j0 * d..(j0 + bk) * d], bk, d).t());
                             for a in 0..bq {
                                 let row = &mut s[a * bk..(a + 1) * bk];
-                                let seen = visible(i0 + a, j0, bk);
+                                let seen = visible(i0 + a, starts[i0 + a] as usize, j0, bk);
+                                if seen.is_empty() {
+                                    // Another document's keys: nothing to add, statistics unchanged.
+                                    row.fill(0.0);
+                                    continue;
+                                }
                                 // scale > 0, so the largest scaled score is the largest score, scaled.
-                                let m = max[a].max(math::max(&row[..seen]) * scale);
+                                let m = max[a].max(math::max(&row[seen.clone()]) * scale);
                                 probabilities(row, seen, scale, m);
                                 let correction = exp_nonpositive(max[a] - m);
                                 total[a] = total[a] * correction + sum(row);
@@ -112,6 +139,7 @@ pub fn backward(
     q: &[f32],
     k: &[f32],
     v: &[f32],
+    starts: &[i64],
     o: &[f32],
     lse: &[f32],
     d_o: &[f32],
@@ -129,6 +157,7 @@ pub fn backward(
                 || {
                     let kv_off = bg * hs;
                     let (kh, vh) = (&k[kv_off..kv_off + hs], &v[kv_off..kv_off + hs]);
+                    let starts = row_starts(starts, n, bg / n.kv);
                     let (mut p, mut ds) = (vec![0f32; TILE_Q * TILE_K], vec![0f32; TILE_Q * TILE_K]);
                     let mut delta = [0f32; TILE_Q];
                     for r in 0..rep {
@@ -144,7 +173,7 @@ pub fn backward(
                                 *di = dot(&d_o[row.clone()], &o[row]);
                             }
                             let dqi = &mut dq[r * hs + i0 * d..r * hs + (i0 + bq) * d];
-                            for j0 in (0..i0 + bq).step_by(TILE_K) {
+                            for j0 in (first_key(starts, i0, bq)..i0 + bq).step_by(TILE_K) {
                                 let bk = TILE_K.min(i0 + bq - j0);
                                 let (p, ds) = (&mut p[..bq * bk], &mut ds[..bq * bk]);
                                 let (kj, vj) = (&kh[j0 * d..(j0 + bk) * d], &vh[j0 * d..(j0 + bk) * d]);
@@ -154,7 +183,7 @@ pub fn backward(
                                     let row = a * bk..(a + 1) * bk;
                                     probabilities(
                                         &mut p[row.clone()],
-                                        visible(i0 + a, j0, bk),
+                                        visible(i0 + a, starts[i0 + a] as usize, j0, bk),
                                         scale,
                                         lse[l_off + i0 + a],
                                     );

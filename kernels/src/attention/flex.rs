@@ -3,8 +3,11 @@
 
 use super::cpu::{self, Dims};
 use super::FusedAttentionOps;
-use crate::host::{floats, tensor_like};
-use burn::backend::{tensor::FloatTensor, Flex, TensorMetadata};
+use crate::host::{floats, ints, tensor_like};
+use burn::backend::{
+    tensor::{FloatTensor, IntTensor},
+    Flex, TensorMetadata,
+};
 
 fn dims(q: &FloatTensor<Flex>, k: &FloatTensor<Flex>) -> Dims {
     let (qs, ks) = (q.shape(), k.shape());
@@ -12,21 +15,23 @@ fn dims(q: &FloatTensor<Flex>, k: &FloatTensor<Flex>) -> Dims {
 }
 
 impl FusedAttentionOps for Flex {
-    fn fused_causal_attention_fwd(
+    fn fused_attention_fwd(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
+        starts: IntTensor<Self>,
         scale: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let n = dims(&q, &k);
-        let (o, lse) = cpu::forward(&floats(&q), &floats(&k), &floats(&v), n, scale as f32);
+        let (o, lse) = cpu::forward(&floats(&q), &floats(&k), &floats(&v), &ints(&starts), n, scale as f32);
         (tensor_like(o, vec![n.b, n.h, n.t, n.d], &q), tensor_like(lse, vec![n.b, n.h, n.t], &q))
     }
 
-    fn fused_causal_attention_bwd(
+    fn fused_attention_bwd(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
+        starts: IntTensor<Self>,
         o: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         d_o: FloatTensor<Self>,
@@ -37,6 +42,7 @@ impl FusedAttentionOps for Flex {
             &floats(&q),
             &floats(&k),
             &floats(&v),
+            &ints(&starts),
             &floats(&o),
             &floats(&lse),
             &floats(&d_o),
@@ -51,12 +57,13 @@ impl FusedAttentionOps for Flex {
         )
     }
 
-    fn fused_causal_attention(
+    fn fused_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
+        starts: IntTensor<Self>,
         scale: f64,
     ) -> FloatTensor<Self> {
-        Self::fused_causal_attention_fwd(q, k, v, scale).0
+        Self::fused_attention_fwd(q, k, v, starts, scale).0
     }
 }

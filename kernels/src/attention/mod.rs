@@ -2,7 +2,10 @@
 //!
 //! `causal_attention(q, k, v)` with `q: [B, H, T, D]`, `k, v: [B, KV, T, D]` (`H` a multiple of
 //! `KV`: grouped-query attention without repeating K/V) equals
-//! `softmax(q kᵀ / √D + causal mask) v`. The forward saves the inputs, the output and one
+//! `softmax(q kᵀ / √D + causal mask) v`. `block_causal_attention(q, k, v, starts)` masks
+//! packed documents: query `i` of batch row `b` sees keys `starts[b, i] ..= i`, `starts: [B, T]`
+//! the first position of each token's document (TorchTitan's `attn_mask_type = "block_causal"`);
+//! the kernels skip key tiles wholly before a query tile's documents. The forward saves the inputs, the output and one
 //! log-sum-exp per row — `O(T·D)` per head instead of Burn's autodiff fallback, which keeps
 //! several `[B, H, T, T]` tensors — and the backward recomputes probabilities row by row.
 
@@ -10,7 +13,7 @@ mod autodiff;
 pub mod cpu;
 mod flex;
 
-use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch};
+use burn::backend::{backend_extension, tensor::{FloatTensor, IntTensor}, Backend, Dispatch};
 use burn::prelude::*;
 
 /// The output specs `(o, lse)` of the forward: `o` like `q`, `lse: [B, H, T]`.
@@ -25,21 +28,23 @@ fn fwd_specs(
 #[backend_extension(Flex, Autodiff, Cube: cfg(feature = "cube"), Fusion: cfg(feature = "cube"))]
 pub trait FusedAttentionOps: Backend {
     /// Output and per-row log-sum-exp `[B, H, T]`.
-    #[fusion(meta = |q, _k, _v, _scale| fwd_specs(q))]
-    fn fused_causal_attention_fwd(
+    #[fusion(meta = |q, _k, _v, _starts, _scale| fwd_specs(q))]
+    fn fused_attention_fwd(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
+        starts: IntTensor<Self>,
         scale: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
     /// `(dq, dk, dv)` from the forward's inputs, output and log-sum-exp, and the output gradient.
     #[allow(clippy::too_many_arguments)]
-    #[fusion(meta = |q, k, v, _o, _lse, _d_o, _scale| (q.clone(), k.clone(), v.clone()))]
-    fn fused_causal_attention_bwd(
+    #[fusion(meta = |q, k, v, _starts, _o, _lse, _d_o, _scale| (q.clone(), k.clone(), v.clone()))]
+    fn fused_attention_bwd(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
+        starts: IntTensor<Self>,
         o: FloatTensor<Self>,
         lse: FloatTensor<Self>,
         d_o: FloatTensor<Self>,
@@ -48,24 +53,35 @@ pub trait FusedAttentionOps: Backend {
 
     /// The differentiable op.
     #[fusion(dtype = q, shape = q)]
-    fn fused_causal_attention(
+    fn fused_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
+        starts: IntTensor<Self>,
         scale: f64,
     ) -> FloatTensor<Self>;
 }
 
 /// Causal attention with the fused kernel. `q: [B, H, T, D]`, `k, v: [B, KV, T, D]`.
 pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
-    let [_, h, _, d] = q.dims();
+    let [b, _, t, _] = q.dims();
+    let starts = Tensor::zeros([b, t], &q.device());
+    block_causal_attention(q, k, v, starts)
+}
+
+/// Document-masked (block-causal) attention with the fused kernel: query `i` of batch row `b`
+/// sees keys `starts[b, i] ..= i` (`starts: [B, T]`, each `≤` its position).
+pub fn block_causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, starts: Tensor<2, Int>) -> Tensor<4> {
+    let [b, h, t, d] = q.dims();
     let kv = k.dims()[1];
     assert!(kv > 0 && h % kv == 0, "fused attention: {h} query heads are not a multiple of {kv} kv heads");
+    assert_eq!(starts.dims(), [b, t], "fused attention: document starts must be [batch, seq]");
     let scale = 1.0 / (d as f64).sqrt();
-    Tensor::from_dispatch(Dispatch::fused_causal_attention(
+    Tensor::from_dispatch(Dispatch::fused_attention(
         q.into_dispatch(),
         k.into_dispatch(),
         v.into_dispatch(),
+        starts.into_dispatch(),
         scale,
     ))
 }

@@ -153,14 +153,24 @@ fn kv_offset(row: usize, t: usize, d: usize, h_n: usize, kv_n: usize) -> usize {
     ((bh / h_n) * kv_n + kh) * t * d
 }
 
+/// The first key query row `row` (of `q: [B, H, T, D]` flattened to rows) sees: its entry of
+/// `starts: [B, T]`.
+#[cube]
+fn first_key<I: Numeric>(starts: &Tensor<I>, row: usize, t: usize, h_n: usize) -> usize {
+    let b = row / (h_n * t);
+    u32::cast_from(starts[b * t + row % t]) as usize
+}
+
 /// Causal attention, one query row per thread, online softmax: `q: [B, H, T, D]`,
-/// `k, v: [B, KV, T, D]` (GQA: query head `h` reads kv head `h / (H / KV)`). Writes the output
-/// row and its log-sum-exp; no `T × T` matrix exists.
+/// `k, v: [B, KV, T, D]` (GQA: query head `h` reads kv head `h / (H / KV)`); query `i` of batch
+/// row `b` sees keys `starts[b, i] ..= i` (block-causal over packed documents; all zero: plain
+/// causal). Writes the output row and its log-sum-exp; no `T × T` matrix exists.
 #[cube(launch)]
-pub fn attention_fwd<F: Float>(
+pub fn attention_fwd<F: Float, I: Numeric>(
     q: &Tensor<F>,
     k: &Tensor<F>,
     v: &Tensor<F>,
+    starts: &Tensor<I>,
     o: &mut Tensor<F>,
     lse: &mut Tensor<F>,
     rows: u32,
@@ -169,7 +179,7 @@ pub fn attention_fwd<F: Float>(
     seq: u32,
     dim: u32,
     scale: f32,
-    #[define(F)] _dtype: ElemType,
+    #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
     let idx = ABSOLUTE_POS as usize;
     if idx >= rows as usize {
@@ -180,13 +190,15 @@ pub fn attention_fwd<F: Float>(
     let qb = idx * d;
     let kb = kv_offset(idx, t, d, h_n, kv_n);
     let sc = F::cast_from(scale);
-    // Key 0 is always visible: start the running max and sum from it.
-    let mut m = dot::<F>(q, qb, k, kb, d) * sc;
+    // The row's first key is always visible: start the running max and sum from it.
+    let first = first_key::<I>(starts, idx, t, h_n);
+    let fb = kb + first * d;
+    let mut m = dot::<F>(q, qb, k, fb, d) * sc;
     let mut l = F::new(1.0);
     for c in 0..d {
-        o[qb + c] = v[kb + c];
+        o[qb + c] = v[fb + c];
     }
-    for j in 1..i + 1 {
+    for j in first + 1..i + 1 {
         let jb = kb + j * d;
         let s = dot::<F>(q, qb, k, jb, d) * sc;
         let mut m_new = m;
@@ -210,10 +222,11 @@ pub fn attention_fwd<F: Float>(
 
 /// `dq` of causal attention, one query row per thread, probabilities recomputed from `lse`.
 #[cube(launch)]
-pub fn attention_bwd_dq<F: Float>(
+pub fn attention_bwd_dq<F: Float, I: Numeric>(
     q: &Tensor<F>,
     k: &Tensor<F>,
     v: &Tensor<F>,
+    starts: &Tensor<I>,
     o: &Tensor<F>,
     lse: &Tensor<F>,
     d_o: &Tensor<F>,
@@ -224,7 +237,7 @@ pub fn attention_bwd_dq<F: Float>(
     seq: u32,
     dim: u32,
     scale: f32,
-    #[define(F)] _dtype: ElemType,
+    #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
     let idx = ABSOLUTE_POS as usize;
     if idx >= rows as usize {
@@ -240,7 +253,7 @@ pub fn attention_bwd_dq<F: Float>(
         dq[qb + c] = F::new(0.0);
     }
     let row_lse = lse[idx];
-    for j in 0..i + 1 {
+    for j in first_key::<I>(starts, idx, t, h_n)..i + 1 {
         let jb = kb + j * d;
         let dp = dot::<F>(d_o, qb, v, jb, d);
         let p = (dot::<F>(q, qb, k, jb, d) * sc - row_lse).exp();
@@ -252,12 +265,13 @@ pub fn attention_bwd_dq<F: Float>(
 }
 
 /// `dk` and `dv` of causal attention, one key row per thread (summing over the query heads
-/// that share its kv head and the queries at or after it).
+/// that share its kv head and the queries at or after it in its document).
 #[cube(launch)]
-pub fn attention_bwd_dkv<F: Float>(
+pub fn attention_bwd_dkv<F: Float, I: Numeric>(
     q: &Tensor<F>,
     k: &Tensor<F>,
     v: &Tensor<F>,
+    starts: &Tensor<I>,
     o: &Tensor<F>,
     lse: &Tensor<F>,
     d_o: &Tensor<F>,
@@ -269,7 +283,7 @@ pub fn attention_bwd_dkv<F: Float>(
     seq: u32,
     dim: u32,
     scale: f32,
-    #[define(F)] _dtype: ElemType,
+    #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
     let idx = ABSOLUTE_POS as usize;
     if idx >= rows as usize {
@@ -290,6 +304,10 @@ pub fn attention_bwd_dkv<F: Float>(
     for g in 0..group {
         let h = kh * group + g;
         for i in j..t {
+            if u32::cast_from(starts[b * t + i]) as usize > j {
+                // Query `i` is in a later document (starts only grow along a row): done.
+                break;
+            }
             let qi = (b * h_n + h) * t + i;
             let qb = qi * d;
             let dp = dot::<F>(d_o, qb, v, kb, d);

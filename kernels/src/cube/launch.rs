@@ -194,14 +194,20 @@ fn attention_dims(q: &CubeTensor, k: &CubeTensor) -> (usize, usize, usize, usize
 }
 
 impl FusedAttentionOps for CubeBackend {
-    fn fused_causal_attention_fwd(q: CubeTensor, k: CubeTensor, v: CubeTensor, scale: f64) -> (CubeTensor, CubeTensor) {
-        let (q, k, v) = (into_contiguous(q), into_contiguous(k), into_contiguous(v));
+    fn fused_attention_fwd(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        starts: CubeTensor,
+        scale: f64,
+    ) -> (CubeTensor, CubeTensor) {
+        let (q, k, v, starts) = (into_contiguous(q), into_contiguous(k), into_contiguous(v), into_contiguous(starts));
         let (rows, h, kv, t, d) = attention_dims(&q, &k);
         let qd = dims(&q);
         let o = empty_like(&q, qd.clone());
         let lse = empty_like(&q, qd[..3].to_vec());
         let (count, cube) = grid(&q, rows);
-        let dtype = dtype_to_storage_type(q.dtype);
+        let dtypes = [dtype_to_storage_type(q.dtype), dtype_to_storage_type(starts.dtype)];
         kern::attention_fwd::launch(
             &q.client.clone(),
             count,
@@ -209,6 +215,7 @@ impl FusedAttentionOps for CubeBackend {
             q.into_tensor_arg(),
             k.into_tensor_arg(),
             v.into_tensor_arg(),
+            starts.into_tensor_arg(),
             o.clone().into_tensor_arg(),
             lse.clone().into_tensor_arg(),
             rows as u32,
@@ -217,26 +224,27 @@ impl FusedAttentionOps for CubeBackend {
             t as u32,
             d as u32,
             scale as f32,
-            dtype,
+            dtypes,
         );
         (o, lse)
     }
 
-    fn fused_causal_attention_bwd(
+    fn fused_attention_bwd(
         q: CubeTensor,
         k: CubeTensor,
         v: CubeTensor,
+        starts: CubeTensor,
         o: CubeTensor,
         lse: CubeTensor,
         d_o: CubeTensor,
         scale: f64,
     ) -> (CubeTensor, CubeTensor, CubeTensor) {
-        let (q, k, v) = (into_contiguous(q), into_contiguous(k), into_contiguous(v));
+        let (q, k, v, starts) = (into_contiguous(q), into_contiguous(k), into_contiguous(v), into_contiguous(starts));
         let (o, lse, d_o) = (into_contiguous(o), into_contiguous(lse), into_contiguous(d_o));
         let (rows, h, kv, t, d) = attention_dims(&q, &k);
         let dq = empty_like(&q, dims(&q));
         let (dk, dv) = (empty_like(&k, dims(&k)), empty_like(&k, dims(&k)));
-        let dtype = dtype_to_storage_type(q.dtype);
+        let dtypes = [dtype_to_storage_type(q.dtype), dtype_to_storage_type(starts.dtype)];
         let client = q.client.clone();
         let (count, cube) = grid(&q, rows);
         kern::attention_bwd_dq::launch(
@@ -246,6 +254,7 @@ impl FusedAttentionOps for CubeBackend {
             q.clone().into_tensor_arg(),
             k.clone().into_tensor_arg(),
             v.clone().into_tensor_arg(),
+            starts.clone().into_tensor_arg(),
             o.clone().into_tensor_arg(),
             lse.clone().into_tensor_arg(),
             d_o.clone().into_tensor_arg(),
@@ -256,7 +265,7 @@ impl FusedAttentionOps for CubeBackend {
             t as u32,
             d as u32,
             scale as f32,
-            dtype,
+            dtypes,
         );
         let kv_rows = k.meta.num_elements() / d;
         let (count, cube) = grid(&k, kv_rows);
@@ -267,6 +276,7 @@ impl FusedAttentionOps for CubeBackend {
             q.into_tensor_arg(),
             k.into_tensor_arg(),
             v.into_tensor_arg(),
+            starts.into_tensor_arg(),
             o.into_tensor_arg(),
             lse.into_tensor_arg(),
             d_o.into_tensor_arg(),
@@ -278,12 +288,12 @@ impl FusedAttentionOps for CubeBackend {
             t as u32,
             d as u32,
             scale as f32,
-            dtype,
+            dtypes,
         );
         (dq, dk, dv)
     }
 
-    fn fused_causal_attention(q: CubeTensor, k: CubeTensor, v: CubeTensor, scale: f64) -> CubeTensor {
-        Self::fused_causal_attention_fwd(q, k, v, scale).0
+    fn fused_attention(q: CubeTensor, k: CubeTensor, v: CubeTensor, starts: CubeTensor, scale: f64) -> CubeTensor {
+        Self::fused_attention_fwd(q, k, v, starts, scale).0
     }
 }

@@ -128,26 +128,34 @@ fn rms_norm_silu_mul_and_rope_match_the_reference() {
 fn flash_attention_matches_the_reference() {
     let s = seed();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(s);
-    // GQA, T = 1, T and D not multiples of anything.
-    for (b, h, kv, t, d) in [(2, 4, 2, 7, 8), (1, 2, 2, 1, 4), (1, 4, 1, 13, 12)] {
-        let inputs =
-            [normal(b * h * t * d, &mut rng), normal(b * kv * t * d, &mut rng), normal(b * kv * t * d, &mut rng)];
-        compare(&format!("attention b{b} h{h} kv{kv} t{t} d{d}"), &inputs, &mut rng, s, &|x, fused| {
-            let (q, k, v) = (
-                x[0].clone().reshape([b, h, t, d]),
-                x[1].clone().reshape([b, kv, t, d]),
-                x[2].clone().reshape([b, kv, t, d]),
-            );
-            // The reference: Burn's composed attention with the kv heads repeated.
-            let o = if fused {
-                crate::causal_attention(q, k, v)
-            } else {
-                let rep = |x: Tensor<4>| x.unsqueeze_dim::<5>(2).expand([b, kv, h / kv, t, d]).reshape([b, h, t, d]);
-                let opts = burn::tensor::ops::AttentionModuleOptions { is_causal: true, ..Default::default() };
-                burn::tensor::module::attention(q, rep(k), rep(v), None, None, opts)
-            };
-            o.reshape([b * h * t * d])
-        });
+    // GQA, T = 1, T and D not multiples of anything; causal, and block-causal with documents
+    // ending at random positions (the reference: Burn's attention with the boolean mask).
+    for (b, h, kv, t, d) in [(2, 4, 2, 7, 8), (1, 2, 2, 1, 4), (1, 4, 1, 13, 12), (2, 2, 1, 40, 8)] {
+        for block in [false, true] {
+            let inputs =
+                [normal(b * h * t * d, &mut rng), normal(b * kv * t * d, &mut rng), normal(b * kv * t * d, &mut rng)];
+            let mut starts = Vec::new();
+            for _ in 0..b {
+                let mut start = 0;
+                for i in 0..t {
+                    starts.push(start);
+                    if block && rng.gen_range(0..5) == 0 {
+                        start = i as i64 + 1;
+                    }
+                }
+            }
+            let name = format!("attention (block {block}) b{b} h{h} kv{kv} t{t} d{d}");
+            compare(&name, &inputs, &mut rng, s, &|x, fused| {
+                let (q, k, v) = (
+                    x[0].clone().reshape([b, h, t, d]),
+                    x[1].clone().reshape([b, kv, t, d]),
+                    x[2].clone().reshape([b, kv, t, d]),
+                );
+                let starts = block
+                    .then(|| Tensor::<2, Int>::from_data(TensorData::new(starts.clone(), [b, t]), &q.device()));
+                crate::attention(q, k, v, starts, fused).reshape([b * h * t * d])
+            });
+        }
     }
 }
 

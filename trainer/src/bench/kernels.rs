@@ -119,11 +119,7 @@ pub fn bench_kernels(device: &Device, shapes: &Shapes, iters: usize) -> Result<V
 
     let (k, vv) = (random([b, kv, t, hd], device), random([b, kv, t, hd], device));
     let causal_flops = 4.0 * (b * h * hd) as f64 * (t * (t + 1) / 2) as f64;
-    let reference_attention = |q: Tensor<4>, k: Tensor<4>, v: Tensor<4>| {
-        let rep = |x: Tensor<4>| x.unsqueeze_dim::<5>(2).expand([b, kv, h / kv, t, hd]).reshape([b, h, t, hd]);
-        let opts = burn::tensor::ops::AttentionModuleOptions { is_causal: true, ..Default::default() };
-        burn::tensor::module::attention(q, rep(k), rep(v), None, None, opts)
-    };
+    let reference_attention = |q: Tensor<4>, k: Tensor<4>, v: Tensor<4>| titan_kernels::attention(q, k, v, None, false);
     rows.push(row(
         "attention fwd",
         format!("b{b} h{h} kv{kv} t{t} d{hd}"),
@@ -146,6 +142,26 @@ pub fn bench_kernels(device: &Device, shapes: &Shapes, iters: usize) -> Result<V
         3.5 * causal_flops,
         &|| qa.grad(&grad_q(titan_kernels::causal_attention(qa.clone(), ka.clone(), va.clone()))).expect("dq"),
         &|| qa.grad(&grad_q(reference_attention(qa.clone(), ka.clone(), va.clone()))).expect("dq"),
+    ));
+    // Block-causal over packed documents of DOC tokens (`model.attn_mask_type = "block_causal"`):
+    // the fused kernel skips the key tiles before each query tile's documents; the reference
+    // masks the full `T × T` scores.
+    const DOC: usize = 256;
+    let starts: Vec<i64> = (0..b * t).map(|i| ((i % t) / DOC * DOC) as i64).collect();
+    let starts = Tensor::<2, Int>::from_data(TensorData::new(starts, [b, t]), &ad);
+    let doc_tokens: usize = (0..t).step_by(DOC).map(|s| DOC.min(t - s)).map(|l| l * (l + 1) / 2).sum();
+    let block = |fused: bool| {
+        let o = titan_kernels::attention(qa.clone(), ka.clone(), va.clone(), Some(starts.clone()), fused);
+        qa.grad(&grad_q(o)).expect("dq")
+    };
+    rows.push(row(
+        "block-causal attention fwd+bwd",
+        format!("b{b} h{h} kv{kv} t{t} d{hd}, documents of {DOC}"),
+        iters,
+        word * (6 * n * h * hd + 4 * n * kv * hd) as f64,
+        3.5 * 4.0 * (b * h * hd * doc_tokens) as f64,
+        &|| block(true),
+        &|| block(false),
     ));
 
     // The linear layer (SwiGLU's w1 shape), forward + backward: y = x·w, dx = dy·wᵀ, dw = xᵀ·dy;

@@ -53,6 +53,13 @@ section!(Model {
     attention: String = "fused".into(),
     /// RMSNorm, SwiGLU, RoPE and cross-entropy: fused (CubeCL kernels on GPU devices) | reference
     kernels: String = "fused".into(),
+    /// causal | block_causal (TorchTitan's key): with block_causal a token attends only to
+    /// earlier tokens of its own document in a packed row (documents end with the tokenizer's
+    /// end-of-text token)
+    attn_mask_type: String = "causal".into(),
+    /// With block_causal: RoPE positions restart at 0 with each document (titan-rs key; false
+    /// counts positions from the row's start, as TorchTitan does)
+    rope_per_document: bool = false,
 });
 
 section!(Optimizer {

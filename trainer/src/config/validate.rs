@@ -33,6 +33,10 @@ pub fn validate(c: &JobConfig) -> Result<()> {
     }
     one_of(&mut e, "model.attention", &c.model.attention, &["fused", "reference"]);
     one_of(&mut e, "model.kernels", &c.model.kernels, &["fused", "reference"]);
+    one_of(&mut e, "model.attn_mask_type", &c.model.attn_mask_type, &["causal", "block_causal"]);
+    if c.model.rope_per_document && c.model.attn_mask_type != "block_causal" {
+        e.push("`model.rope_per_document` = true needs `model.attn_mask_type` = \"block_causal\" (documents are only tracked then)".into());
+    }
     one_of(&mut e, "optimizer.name", &c.optimizer.name, &["AdamW"]);
     let o = &c.optimizer;
     if !(o.lr > 0.0 && o.lr.is_finite()) {
