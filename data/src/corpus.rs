@@ -153,18 +153,45 @@ pub fn tokenize_corpus(path: &Path, tokenizer: &Tokenizer, cache_dir: &Path) -> 
 
 /// [`tokenize_corpus`] with reading options.
 pub fn tokenize_corpus_with(path: &Path, tokenizer: &Tokenizer, cache_dir: &Path, o: &CorpusOptions) -> Result<TokenFile> {
+    Ok(tokenize_or_reuse(path, tokenizer, cache_dir, o)?.0)
+}
+
+/// The cached token file when it exists and is whole.
+fn reuse(cached: &Path) -> Option<TokenFile> {
+    if !cached.exists() {
+        return None;
+    }
+    match TokenFile::open(cached) {
+        Ok(f) => {
+            tracing::info!("reusing tokenized corpus {} ({} tokens)", cached.display(), f.len());
+            Some(f)
+        }
+        Err(_) => {
+            tracing::warn!("cached token file {} is damaged; rebuilding", cached.display());
+            None
+        }
+    }
+}
+
+/// The corpus's token file, and whether this call tokenized it (rather than reusing the cache).
+/// Callers that need the same cache entry at once — the ranks of a job, threads or processes on
+/// one host — take turns on a lock file beside it: the first tokenizes, the others then reuse.
+fn tokenize_or_reuse(path: &Path, tokenizer: &Tokenizer, cache_dir: &Path, o: &CorpusOptions) -> Result<(TokenFile, bool)> {
     let files = list_corpus_files(path)?;
     let key = cache_key(&files, tokenizer, o)?;
     let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("corpus").replace(['*', '?'], "_");
     let cached = cache_dir.join(format!("{stem}-{key:016x}.tokens"));
-    if cached.exists() {
-        if let Ok(f) = TokenFile::open(&cached) {
-            tracing::info!("reusing tokenized corpus {} ({} tokens)", cached.display(), f.len());
-            return Ok(f);
-        }
-        tracing::warn!("cached token file {} is damaged; rebuilding", cached.display());
+    if let Some(f) = reuse(&cached) {
+        return Ok((f, false));
     }
     std::fs::create_dir_all(cache_dir).with_context(|| format!("creating cache folder {}", cache_dir.display()))?;
+    let lock_path = cached.with_extension("tokens.lock");
+    let lock = std::fs::File::create(&lock_path).with_context(|| format!("creating {}", lock_path.display()))?;
+    // Released when `lock` is dropped or the process dies (a killed tokenizer blocks nobody).
+    lock.lock().with_context(|| format!("locking {}", lock_path.display()))?;
+    if let Some(f) = reuse(&cached) {
+        return Ok((f, false));
+    }
     let total: u64 = files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
     let bar = indicatif::ProgressBar::new(total);
     if let Ok(style) = indicatif::ProgressStyle::with_template("tokenizing [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {msg}") {
@@ -203,7 +230,7 @@ pub fn tokenize_corpus_with(path: &Path, tokenizer: &Tokenizer, cache_dir: &Path
         total as f64 / 1e6 / secs,
         n as f64 / secs
     );
-    TokenFile::open(&cached)
+    Ok((TokenFile::open(&cached)?, true))
 }
 
 #[cfg(test)]
@@ -224,5 +251,31 @@ mod tests {
         assert!(e.contains("matches no file"), "{e}");
         let e = list_corpus_files(&dir.path().join("*")).unwrap_err().to_string();
         assert!(e.contains("notes.csv"), "{e}");
+    }
+
+    /// Four ranks (threads here; processes take the same file lock) asking for the same corpus
+    /// at once: exactly one tokenizes, the others wait and reuse its file.
+    #[test]
+    fn concurrent_callers_tokenize_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let corpus = dir.path().join("c.jsonl");
+        let body: String = (0..2000).map(|i| format!("{{\"text\": \"document {i} about {}\"}}\n", i * 7)).collect();
+        std::fs::write(&corpus, body).unwrap();
+        let tok = Tokenizer::from_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/tokenizer/tokenizer.json")).unwrap();
+        let cache = dir.path().join("cache");
+        let results: Vec<(Vec<i64>, bool)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        let (f, built) = tokenize_or_reuse(&corpus, &tok, &cache, &CorpusOptions::default()).unwrap();
+                        (f.window(0, f.len()).collect(), built)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(results.iter().filter(|(_, built)| *built).count(), 1, "exactly one caller tokenizes");
+        assert!(results[0].0.len() > 10_000);
+        assert!(results.iter().all(|(ids, _)| *ids == results[0].0));
     }
 }

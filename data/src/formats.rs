@@ -8,7 +8,10 @@
 //! * `.bin`: pre-tokenized ids (nanoGPT's flat little-endian `uint16`, or `uint32`), no text.
 //!
 //! Texts are cut into pieces of about [`PIECE`] bytes after a newline followed by a non-space,
-//! so pieces tokenize exactly as the whole does under byte-level pre-tokenization.
+//! so pieces tokenize exactly as the whole does under byte-level pre-tokenization. Text without
+//! such a line break in [`LONG`] bytes (one huge line) is cut before a space that follows a
+//! non-space — a word boundary, also exact for the GPT-2 and Llama-3 pre-tokenizers — and only
+//! text with no whitespace at all at a character boundary, so memory stays bounded.
 
 use anyhow::{bail, Context, Result};
 use std::fs::File;
@@ -19,6 +22,8 @@ use std::sync::Arc;
 
 /// Texts are encoded in pieces of about this many bytes.
 pub const PIECE: usize = 1 << 16;
+/// Text with no line-break cut point in this many bytes is cut at a word boundary instead.
+pub const LONG: usize = 16 * PIECE;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -77,7 +82,13 @@ fn open(path: &Path, counter: &Arc<AtomicU64>) -> Result<Counted<File>> {
 
 /// The first cut point at or after `PIECE` in `buf` (see the module doc), if any.
 fn cut(buf: &[u8]) -> Option<usize> {
-    (PIECE.max(1)..buf.len()).find(|&i| buf[i - 1] == b'\n' && !buf[i].is_ascii_whitespace())
+    let line = (PIECE.max(1)..buf.len()).find(|&i| buf[i - 1] == b'\n' && !buf[i].is_ascii_whitespace());
+    if line.is_some() || buf.len() < LONG {
+        return line;
+    }
+    (PIECE..buf.len())
+        .find(|&i| buf[i] == b' ' && !buf[i - 1].is_ascii_whitespace())
+        .or_else(|| (LONG..buf.len()).find(|&i| buf[i] & 0xC0 != 0x80))
 }
 
 /// Splits one document into pieces, calling `each(piece, last)`.
@@ -257,6 +268,29 @@ mod tests {
             Ok(())
         })?;
         Ok(out)
+    }
+
+    /// One 3 MB line (no line breaks) is cut at word boundaries into bounded pieces that
+    /// tokenize exactly as the whole line; text without whitespace is cut at characters.
+    #[test]
+    fn a_text_without_line_breaks_is_cut_at_words() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("line.txt");
+        let words = ["alpha", "beta,", "gamma", "δέλτα", "123", "e.g.", "x"];
+        let doc: String = (0..420_000).map(|i| words[i * 7 % 11 % words.len()]).collect::<Vec<_>>().join(" ");
+        std::fs::write(&p, &doc).unwrap();
+        let got = collect(&p, Format::Text).unwrap();
+        assert!(got.len() >= 3, "{} pieces", got.len());
+        assert!(got.iter().all(|(s, _)| s.len() <= LONG + (1 << 20)), "a piece is unbounded");
+        assert_eq!(got.iter().map(|x| x.0.as_str()).collect::<String>(), doc);
+        let tok = crate::Tokenizer::from_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/tokenizer/tokenizer.json")).unwrap();
+        let pieces: Vec<u32> = got.iter().flat_map(|(s, _)| tok.encode(s).unwrap()).collect();
+        assert_eq!(pieces, tok.encode(&doc).unwrap(), "pieces tokenize differently from the whole");
+        let q = d.path().join("blob.txt");
+        let blob = "é".repeat(2 * LONG);
+        std::fs::write(&q, &blob).unwrap();
+        let got = collect(&q, Format::Text).unwrap();
+        assert!(got.len() >= 2 && got.iter().map(|x| x.0.as_str()).collect::<String>() == blob);
     }
 
     #[test]
