@@ -13,18 +13,6 @@ const CK: &str = "--checkpoint.enable true --checkpoint.interval 2";
 const SINGLE: &str = "--parallelism.data_parallel_shard_degree 1 --training.local_batch_size 12";
 const THREE_D: &str = "--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2 --training.local_batch_size 6";
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            copy_dir(&p, &to.join(e.file_name()));
-        } else {
-            std::fs::copy(&p, to.join(e.file_name())).unwrap();
-        }
-    }
-}
-
 /// A checkpoint saved by 8 ranks (PP 2 × FSDP 2 × TP 2) resumes bit for bit under the same
 /// layout, and within 1e-5 relative of the uninterrupted run under one rank, TP 4, FSDP 3
 /// (uneven rows: 256 = 86 + 86 + 84), HSDP 2 × 2 and Interleaved PP 2.

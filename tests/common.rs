@@ -115,3 +115,16 @@ pub fn layout_run(dump: &Path, extra: &str, steps: u32) -> Vec<(f64, f64)> {
     assert_ok(&run(&tiny_args(dump, steps), &extra));
     metric_values(dump)
 }
+
+/// Copies the folder `from` (recursively) to `to`.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            copy_dir(&p, &to.join(e.file_name()));
+        } else {
+            std::fs::copy(&p, to.join(e.file_name())).unwrap();
+        }
+    }
+}

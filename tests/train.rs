@@ -379,3 +379,42 @@ fn mixed_precision_bfloat16_tracks_float32_with_float32_masters() {
     };
     assert_eq!(bytes("f32"), bytes("bf16"));
 }
+
+/// `--max-restarts` with thread ranks: a rank's error at step 3 and again (after the restart)
+/// at step 5 — two restarts from the latest checkpoints, each logged with its cause — gives the
+/// uninterrupted run's steps bit for bit (the last line of each step: steps after a checkpoint
+/// run again). Spent restarts, and restarts without checkpoints, are clear errors.
+#[test]
+fn max_restarts_resumes_a_failed_job_bit_exact() {
+    let d = tempfile::tempdir().unwrap();
+    let fsdp = ["--parallelism.data_parallel_shard_degree", "2", "--checkpoint.enable", "true", "--checkpoint.interval", "2"];
+    let straight = d.path().join("straight");
+    assert_ok(&run(&tiny_args(&straight, 6), &fsdp));
+    let last_per_step = |dump: &std::path::Path| {
+        let mut m = std::collections::BTreeMap::new();
+        for (s, l, g) in losses(dump) {
+            m.insert(s, (l, g));
+        }
+        m.into_iter().collect::<Vec<_>>()
+    };
+    let elastic = d.path().join("elastic");
+    let mut a = fsdp.to_vec();
+    a.extend(["--debug.fail_at_steps", "3,5", "--debug.fail_mode", "error", "--max-restarts", "2"]);
+    let o = run(&tiny_args(&elastic, 6), &a);
+    let (_, err) = text(&o);
+    assert_ok(&o);
+    assert_eq!(err.matches("titan-rs: attempt").count(), 2, "{err}");
+    let log = std::fs::read_to_string(elastic.join("restarts.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 2, "{log}");
+    assert_eq!((lines[0]["resumed_from_step"].as_u64(), lines[1]["resumed_from_step"].as_u64()), (Some(2), Some(4)));
+    assert!(lines[0]["cause"].as_str().unwrap().contains("rank 1: injected failure at step 3"), "{log}");
+    assert_eq!(last_per_step(&elastic), last_per_step(&straight));
+
+    let spent = d.path().join("spent");
+    let mut a = fsdp.to_vec();
+    a.extend(["--debug.fail_at_steps", "2,2", "--max-restarts", "1"]);
+    assert_clean_error(&run(&tiny_args(&spent, 4), &a), &["failed 2 time(s)", "--max-restarts 1", "killed by signal 9"]);
+    let o = run(&tiny_args(&d.path().join("nock"), 2), &["--max-restarts", "1"]);
+    assert_clean_error(&o, &["--max-restarts", "checkpoint.enable"]);
+}

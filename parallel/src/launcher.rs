@@ -20,17 +20,24 @@ pub fn run_mpi_rank<T>(timeout: Duration, f: impl FnOnce(crate::comm::MpiComm) -
     let world = crate::comm::MpiWorld::init(timeout)?;
     let comm = world.communicator();
     let rank = crate::comm::Communicator::rank(&comm);
+    let host = hostname();
     match catch_unwind(AssertUnwindSafe(|| f(comm))) {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => {
-            eprintln!("error: rank {rank}: {e:#}");
+            eprintln!("error: rank {rank} on host {host}: {e:#}");
             world.abort(1)
         }
         Err(p) => {
-            eprintln!("error: rank {rank} panicked: {}", panic_message(p.as_ref()));
+            eprintln!("error: rank {rank} on host {host} panicked: {}", panic_message(p.as_ref()));
             world.abort(1)
         }
     }
+}
+
+/// This host's name (as the kernel knows it in this process's UTS namespace).
+#[cfg(feature = "mpi")]
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "?".into(), |h| h.trim().to_string())
 }
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {

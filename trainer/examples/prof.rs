@@ -14,14 +14,15 @@ fn main() {
     let x = Tensor::<2, Int>::from_data(TensorData::new(ids, [b, t + 1]), &dev);
     {
         use titan_kernels::attention::cpu;
-        let n = cpu::Dims { b, h: 16, kv: 16, t, d: 16 };
+        let n = cpu::Dims::square(b, 16, 16, t, 16);
         let len = b * 16 * t * 16;
         let x: Vec<f32> = (0..len).map(|i| ((i * 7919 % 1000) as f32) / 1000.0 - 0.5).collect();
         let starts = vec![0i64; b * t];
+        let vis = cpu::Starts { starts: &starts, t };
         let t0 = Instant::now();
-        let (o, lse) = cpu::forward(&x, &x, &x, &starts, n, 0.25);
+        let (o, lse) = cpu::forward(&x, &x, &x, &vis, n, 0.25);
         let t1 = Instant::now();
-        let _ = cpu::backward(&x, &x, &x, &starts, &o, &lse, &x, n, 0.25);
+        let _ = cpu::backward(&x, &x, &x, &vis, &o, &lse, &x, n, 0.25);
         println!(
             "fused attention kernel alone, one layer: forward {:.3}s backward {:.3}s",
             (t1 - t0).as_secs_f64(),

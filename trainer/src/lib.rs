@@ -2,6 +2,7 @@
 //!
 //! * [`config`]: the TOML schema, loading with overrides, validation.
 //! * [`train`] (the loop, top to bottom), [`trainer`] (one rank's state and step),
+//!   [`elastic`] (`--max-restarts`: restarting a failed job from its checkpoint),
 //!   [`pipeline`] (the schedule runner), [`parallelize`] (applying the parallelisms),
 //!   [`rank`] (this rank's mesh place and model stages), [`optim`] (AdamW, LR schedule,
 //!   gradients), [`state`] (parameters ↔ host tensors), [`checkpoint`] (sharded save, async
@@ -16,6 +17,7 @@ pub mod bench;
 pub mod checkpoint;
 pub mod config;
 pub mod device;
+pub mod elastic;
 pub mod generate;
 pub mod hf;
 pub mod memory;

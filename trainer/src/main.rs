@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use titan_rs::config::{load_config, parse_overrides, to_toml, JobConfig};
 use titan_rs::bench::{comm as bench_comm, kernels as bench_kernels, train as bench_train};
-use titan_rs::{generate, train};
+use titan_rs::{elastic, generate, train};
 
 #[derive(Parser)]
 #[command(name = "titan-rs", version, about = "LLM pre-training on Burn, configured like TorchTitan")]
@@ -47,7 +47,9 @@ impl ConfigArgs {
 #[derive(Subcommand)]
 enum Command {
     /// Train a model. `--nproc N`: the world size (checked against the mesh; -1 degrees take the
-    /// remaining ranks); `--log-rank N`: the rank that logs (default 0).
+    /// remaining ranks); `--log-rank N`: the rank that logs (default 0); `--max-restarts N`:
+    /// restart the job from its latest checkpoint after a failure, up to N times (torchrun's
+    /// flag), with `--launcher "mpirun -np 4 --hostfile H"` in front of the job for MPI.
     Train(ConfigArgs),
     /// Print the effective config (defaults < file < overrides) as TOML.
     Config(ConfigArgs),
@@ -247,15 +249,23 @@ fn set_threads(cfg: &JobConfig) -> Result<()> {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Train(a) => {
-            let (cfg, flags) = a.load_with_flags(&["log-rank", "nproc"])?;
-            let (mut log_rank, mut nproc) = (0, None);
+            let (cfg, flags) = a.load_with_flags(&["log-rank", "nproc", "max-restarts", "launcher"])?;
+            let (mut log_rank, mut nproc, mut max_restarts, mut launcher) = (0, None, 0, Vec::new());
             for (k, v) in flags {
-                let n: usize = v.parse().with_context(|| format!("--{k} {v}: expected a number"))?;
-                if k == "log-rank" {
-                    log_rank = n
-                } else {
-                    nproc = Some(n)
+                if k == "launcher" {
+                    launcher = v.split_whitespace().map(String::from).collect();
+                    continue;
                 }
+                let n: usize = v.parse().with_context(|| format!("--{k} {v}: expected a number"))?;
+                match k.as_str() {
+                    "log-rank" => log_rank = n,
+                    "nproc" => nproc = Some(n),
+                    _ => max_restarts = n,
+                }
+            }
+            if max_restarts > 0 || !launcher.is_empty() {
+                let overrides = elastic::strip_flags(&a.overrides, &["max-restarts", "launcher"]);
+                return elastic::supervise(&cfg, &elastic::Restarts { max_restarts, launcher, config: a.config.clone(), overrides });
             }
             set_threads(&cfg)?;
             let s = train::run(cfg, log_rank, nproc)?;

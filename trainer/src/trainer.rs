@@ -257,6 +257,7 @@ impl Trainer {
             busy += out.busy.as_secs_f64();
         }
         let pipeline_seconds = pipeline_start.elapsed().as_secs_f64();
+        self.inject_failure(step)?;
         {
             let _span = titan_profiling::span("gradient reduction", "comm");
             self.placement.reduce_gradients(&self.model, &mut acc, &self.rank)?;
@@ -300,6 +301,27 @@ impl Trainer {
             optim_bytes: self.optim.state_bytes(),
             tokens_by_source: self.tokens_by_source(),
         })
+    }
+
+    /// `debug.fail_at_steps`: this attempt's injected failure, if it is due at `step` on this
+    /// rank — the process killed, or an error returned (the other ranks are then waiting in the
+    /// gradient reduction).
+    fn inject_failure(&self, step: u64) -> Result<()> {
+        let d = &self.cfg.debug;
+        let Some(&at) = usize::try_from(d.restart_attempt).ok().and_then(|a| d.fail_at_steps.get(a)) else {
+            return Ok(());
+        };
+        let world = self.rank.world.as_ref().map_or(1, |w| w.size());
+        let rank = if d.fail_rank < 0 { world - 1 } else { d.fail_rank as usize };
+        if at != step as i64 || rank != self.rank.world_rank {
+            return Ok(());
+        }
+        if d.fail_mode == "kill" {
+            eprintln!("rank {rank}: debug.fail_at_steps: killing this process at step {step}");
+            // SAFETY: signals this process; nothing after it runs.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        }
+        bail!("injected failure at step {step} (debug.fail_at_steps, attempt {})", d.restart_attempt)
     }
 
     /// Tokens of the whole job seen from each mixture source (a pure function of the samples

@@ -1,8 +1,8 @@
 //! Host kernels of the fused causal attention, on row-major `[B, heads, T, D]` slices.
 //!
-//! Query row `i` of batch row `b` sees the keys `starts[b, i] ..= i`: `starts` all zero is
-//! plain causal attention; the first position of each token's document is block-causal
-//! (document-masked) attention over packed sequences.
+//! Each query row sees a contiguous window of keys ([`Visible`]): [`Starts`] is self-attention,
+//! causal within documents (`starts[b, i] ..= i`; all zero: plain causal), [`Windows`] any
+//! windows over another block of keys (ring attention under context parallelism).
 //!
 //! Flash-attention style: queries and keys are cut into tiles of [`TILE_Q`] and [`TILE_K`]
 //! rows; for each query tile the key tiles from the tile's earliest visible key up to the
@@ -17,6 +17,7 @@
 use crate::host::gemm::{matmul, View};
 use crate::host::math::{self, dot, exp_nonpositive, simd, sum};
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// Rows of a query tile.
 pub const TILE_Q: usize = 64;
@@ -24,36 +25,80 @@ pub const TILE_Q: usize = 64;
 /// are all that exists at a time. Wider key tiles mean fewer, larger GEMM calls (each call has
 /// a fixed cost that dominated at 64 × 64 with head dim 16).
 pub const TILE_K: usize = 256;
-/// Shapes: queries `[b, h, t, d]`, keys/values `[b, kv, t, d]`, `h` a multiple of `kv`.
+/// Shapes: queries `[b, h, t, d]`, keys/values `[b, kv, tk, d]`, `h` a multiple of `kv`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dims {
     pub b: usize,
     pub h: usize,
     pub kv: usize,
     pub t: usize,
+    /// Keys per head (`t` for self-attention over one sequence).
+    pub tk: usize,
     pub d: usize,
 }
 
 impl Dims {
+    /// Self-attention shapes: as many keys as queries.
+    pub fn square(b: usize, h: usize, kv: usize, t: usize, d: usize) -> Self {
+        Self { b, h, kv, t, tk: t, d }
+    }
     fn rep(&self) -> usize {
         self.h / self.kv
     }
     fn head(&self) -> usize {
         self.t * self.d
     }
+    fn key_head(&self) -> usize {
+        self.tk * self.d
+    }
 }
 
-/// The keys (relative to the tile) that query row `i` (absolute), whose first visible key is
-/// `start`, may see inside the key tile starting at `j0` of length `bk`; empty when none.
+/// Which keys each query row sees: a contiguous window `lo..hi` of key indices (possibly empty).
+pub trait Visible: Sync {
+    fn window(&self, b: usize, i: usize) -> Range<usize>;
+}
+
+/// Self-attention, causal within documents: row `i` of batch row `b` sees keys
+/// `starts[b·t + i] ..= i` (all zero: plain causal).
+pub struct Starts<'a> {
+    pub starts: &'a [i64],
+    pub t: usize,
+}
+
+impl Visible for Starts<'_> {
+    #[inline]
+    fn window(&self, b: usize, i: usize) -> Range<usize> {
+        let lo = self.starts[b * self.t + i];
+        debug_assert!((0..=i as i64).contains(&lo), "document start {lo} of position {i} out of range");
+        lo as usize..i + 1
+    }
+}
+
+/// Explicit windows `lo[b·t + i] .. hi[b·t + i]` (e.g. one block of keys of a ring attention).
+pub struct Windows<'a> {
+    pub lo: &'a [i64],
+    pub hi: &'a [i64],
+    pub t: usize,
+}
+
+impl Visible for Windows<'_> {
+    #[inline]
+    fn window(&self, b: usize, i: usize) -> Range<usize> {
+        let k = b * self.t + i;
+        self.lo[k].max(0) as usize..self.hi[k].max(self.lo[k]).max(0) as usize
+    }
+}
+
+/// The part of `w` inside the key tile starting at `j0` of length `bk`, relative to the tile.
 #[inline]
-fn visible(i: usize, start: usize, j0: usize, bk: usize) -> std::ops::Range<usize> {
-    let end = (i + 1).saturating_sub(j0).min(bk);
-    start.saturating_sub(j0).min(end)..end
+fn in_tile(w: &Range<usize>, j0: usize, bk: usize) -> Range<usize> {
+    let end = w.end.saturating_sub(j0).min(bk);
+    w.start.saturating_sub(j0).min(end)..end
 }
 
 /// `s[j] = exp(s[j] · scale − shift)` for the visible keys, `0` for the masked rest.
 #[inline]
-fn probabilities(s: &mut [f32], visible: std::ops::Range<usize>, scale: f32, shift: f32) {
+fn probabilities(s: &mut [f32], visible: Range<usize>, scale: f32, shift: f32) {
     let (before, rest) = s.split_at_mut(visible.start);
     let (seen, after) = rest.split_at_mut(visible.len());
     for x in seen.iter_mut() {
@@ -62,33 +107,37 @@ fn probabilities(s: &mut [f32], visible: std::ops::Range<usize>, scale: f32, shi
     before.iter_mut().chain(after).for_each(|x| *x = 0.0);
 }
 
-/// The first visible key of each query row of one batch row (`starts[b]`), checked.
-fn row_starts(starts: &[i64], n: Dims, b: usize) -> &[i64] {
-    let s = &starts[b * n.t..(b + 1) * n.t];
-    debug_assert!(s.iter().enumerate().all(|(i, &x)| (0..=i as i64).contains(&x)), "document starts out of range");
-    s
-}
-
-/// The first key tile position for the query tile `i0 .. i0 + bq`: its earliest visible key.
-fn first_key(starts: &[i64], i0: usize, bq: usize) -> usize {
-    starts[i0..i0 + bq].iter().copied().min().unwrap_or(0).max(0) as usize
+/// The windows of the query tile `i0 .. i0 + bq` of batch row `b`, and the key range the tile
+/// must visit (empty when no row sees a key).
+fn tile_windows(vis: &impl Visible, b: usize, i0: usize, bq: usize, w: &mut [Range<usize>; TILE_Q]) -> Range<usize> {
+    let (mut lo, mut hi) = (usize::MAX, 0);
+    for a in 0..bq {
+        w[a] = vis.window(b, i0 + a);
+        if !w[a].is_empty() {
+            lo = lo.min(w[a].start);
+            hi = hi.max(w[a].end);
+        }
+    }
+    lo.min(hi)..hi
 }
 
 /// Output `[b, h, t, d]` and per-row log-sum-exp `[b, h, t]` of `softmax(q kᵀ · scale, mask) v`,
-/// the mask letting row `i` see keys `starts[b, i] ..= i` (`starts: [b, t]`).
-pub fn forward(q: &[f32], k: &[f32], v: &[f32], starts: &[i64], n: Dims, scale: f32) -> (Vec<f32>, Vec<f32>) {
-    let (hs, d, t, rep) = (n.head(), n.d, n.t, n.rep());
+/// the mask letting each row see its window of keys (`vis`). A row that sees no key gets output
+/// 0 and log-sum-exp −∞ (a block of a ring attention it has nothing in).
+pub fn forward(q: &[f32], k: &[f32], v: &[f32], vis: &impl Visible, n: Dims, scale: f32) -> (Vec<f32>, Vec<f32>) {
+    let (hs, ks, d, t, rep) = (n.head(), n.key_head(), n.d, n.t, n.rep());
     let mut o = vec![0f32; n.b * n.h * hs];
     let mut lse = vec![0f32; n.b * n.h * t];
     o.par_chunks_mut(rep * hs).zip(lse.par_chunks_mut(rep * t)).enumerate().for_each(|(bg, (o, lse))| {
         simd(
             #[inline(always)]
             || {
-                let kv_off = bg * hs;
-                let (kh, vh) = (&k[kv_off..kv_off + hs], &v[kv_off..kv_off + hs]);
-                let starts = row_starts(starts, n, bg / n.kv);
+                let kv_off = bg * ks;
+                let (kh, vh) = (&k[kv_off..kv_off + ks], &v[kv_off..kv_off + ks]);
+                let b = bg / n.kv;
                 let mut s = vec![0f32; TILE_Q * TILE_K];
                 let (mut max, mut total) = ([0f32; TILE_Q], [0f32; TILE_Q]);
+                let mut w: [Range<usize>; TILE_Q] = std::array::from_fn(|_| 0..0);
                 for r in 0..rep {
                     let q_off = (bg * rep + r) * hs;
                     for i0 in (0..t).step_by(TILE_Q) {
@@ -97,13 +146,14 @@ pub fn forward(q: &[f32], k: &[f32], v: &[f32], starts: &[i64], n: Dims, scale: 
                         let oi = &mut o[r * hs + i0 * d..r * hs + (i0 + bq) * d];
                         max[..bq].fill(f32::NEG_INFINITY);
                         total[..bq].fill(0.0);
-                        for j0 in (first_key(starts, i0, bq)..i0 + bq).step_by(TILE_K) {
-                            let bk = TILE_K.min(i0 + bq - j0);
+                        let keys = tile_windows(vis, b, i0, bq, &mut w);
+                        for j0 in keys.clone().step_by(TILE_K) {
+                            let bk = TILE_K.min(keys.end - j0);
                             let s = &mut s[..bq * bk];
                             matmul(s, bk, false, qi, View::rows(&kh[j0 * d..(j0 + bk) * d], bk, d).t());
                             for a in 0..bq {
                                 let row = &mut s[a * bk..(a + 1) * bk];
-                                let seen = visible(i0 + a, starts[i0 + a] as usize, j0, bk);
+                                let seen = in_tile(&w[a], j0, bk);
                                 if seen.is_empty() {
                                     // Another document's keys: nothing to add, statistics unchanged.
                                     row.fill(0.0);
@@ -120,6 +170,12 @@ pub fn forward(q: &[f32], k: &[f32], v: &[f32], starts: &[i64], n: Dims, scale: 
                             matmul(oi, d, true, View::rows(s, bq, bk), View::rows(&vh[j0 * d..(j0 + bk) * d], bk, d));
                         }
                         for a in 0..bq {
+                            if total[a] == 0.0 {
+                                // No visible key: output 0 (never written), log-sum-exp −∞.
+                                oi[a * d..(a + 1) * d].fill(0.0);
+                                lse[r * t + i0 + a] = f32::NEG_INFINITY;
+                                continue;
+                            }
                             let inv = 1.0 / total[a];
                             oi[a * d..(a + 1) * d].iter_mut().for_each(|x| *x *= inv);
                             lse[r * t + i0 + a] = max[a] + total[a].ln();
@@ -139,25 +195,26 @@ pub fn backward(
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    starts: &[i64],
+    vis: &impl Visible,
     o: &[f32],
     lse: &[f32],
     d_o: &[f32],
     n: Dims,
     scale: f32,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let (hs, d, t, rep) = (n.head(), n.d, n.t, n.rep());
+    let (hs, ks, d, t, rep) = (n.head(), n.key_head(), n.d, n.t, n.rep());
     let mut dq = vec![0f32; q.len()];
     let mut dk = vec![0f32; k.len()];
     let mut dv = vec![0f32; v.len()];
-    dq.par_chunks_mut(rep * hs).zip(dk.par_chunks_mut(hs).zip(dv.par_chunks_mut(hs))).enumerate().for_each(
+    dq.par_chunks_mut(rep * hs).zip(dk.par_chunks_mut(ks).zip(dv.par_chunks_mut(ks))).enumerate().for_each(
         |(bg, (dq, (dk, dv)))| {
             simd(
                 #[inline(always)]
                 || {
-                    let kv_off = bg * hs;
-                    let (kh, vh) = (&k[kv_off..kv_off + hs], &v[kv_off..kv_off + hs]);
-                    let starts = row_starts(starts, n, bg / n.kv);
+                    let kv_off = bg * ks;
+                    let (kh, vh) = (&k[kv_off..kv_off + ks], &v[kv_off..kv_off + ks]);
+                    let b = bg / n.kv;
+                    let mut w: [Range<usize>; TILE_Q] = std::array::from_fn(|_| 0..0);
                     let (mut p, mut ds) = (vec![0f32; TILE_Q * TILE_K], vec![0f32; TILE_Q * TILE_K]);
                     let mut delta = [0f32; TILE_Q];
                     for r in 0..rep {
@@ -173,8 +230,9 @@ pub fn backward(
                                 *di = dot(&d_o[row.clone()], &o[row]);
                             }
                             let dqi = &mut dq[r * hs + i0 * d..r * hs + (i0 + bq) * d];
-                            for j0 in (first_key(starts, i0, bq)..i0 + bq).step_by(TILE_K) {
-                                let bk = TILE_K.min(i0 + bq - j0);
+                            let keys = tile_windows(vis, b, i0, bq, &mut w);
+                            for j0 in keys.clone().step_by(TILE_K) {
+                                let bk = TILE_K.min(keys.end - j0);
                                 let (p, ds) = (&mut p[..bq * bk], &mut ds[..bq * bk]);
                                 let (kj, vj) = (&kh[j0 * d..(j0 + bk) * d], &vh[j0 * d..(j0 + bk) * d]);
                                 matmul(p, bk, false, qi, View::rows(kj, bk, d).t());
@@ -183,7 +241,7 @@ pub fn backward(
                                     let row = a * bk..(a + 1) * bk;
                                     probabilities(
                                         &mut p[row.clone()],
-                                        visible(i0 + a, starts[i0 + a] as usize, j0, bk),
+                                        in_tile(&w[a], j0, bk),
                                         scale,
                                         lse[l_off + i0 + a],
                                     );

@@ -11,7 +11,7 @@ use burn::backend::{
 
 fn dims(q: &FloatTensor<Flex>, k: &FloatTensor<Flex>) -> Dims {
     let (qs, ks) = (q.shape(), k.shape());
-    Dims { b: qs[0], h: qs[1], kv: ks[1], t: qs[2], d: qs[3] }
+    Dims { b: qs[0], h: qs[1], kv: ks[1], t: qs[2], tk: ks[2], d: qs[3] }
 }
 
 impl FusedAttentionOps for Flex {
@@ -23,7 +23,8 @@ impl FusedAttentionOps for Flex {
         scale: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let n = dims(&q, &k);
-        let (o, lse) = cpu::forward(&floats(&q), &floats(&k), &floats(&v), &ints(&starts), n, scale as f32);
+        let vis = cpu::Starts { starts: &ints(&starts), t: n.t };
+        let (o, lse) = cpu::forward(&floats(&q), &floats(&k), &floats(&v), &vis, n, scale as f32);
         (tensor_like(o, vec![n.b, n.h, n.t, n.d], &q), tensor_like(lse, vec![n.b, n.h, n.t], &q))
     }
 
@@ -38,18 +39,19 @@ impl FusedAttentionOps for Flex {
         scale: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let n = dims(&q, &k);
+        let starts = ints(&starts);
         let (dq, dk, dv) = cpu::backward(
             &floats(&q),
             &floats(&k),
             &floats(&v),
-            &ints(&starts),
+            &cpu::Starts { starts: &starts, t: n.t },
             &floats(&o),
             &floats(&lse),
             &floats(&d_o),
             n,
             scale as f32,
         );
-        let kv_shape = vec![n.b, n.kv, n.t, n.d];
+        let kv_shape = vec![n.b, n.kv, n.tk, n.d];
         (
             tensor_like(dq, vec![n.b, n.h, n.t, n.d], &q),
             tensor_like(dk, kv_shape.clone(), &k),

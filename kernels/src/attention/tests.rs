@@ -157,14 +157,15 @@ fn block_causal_equals_each_document_alone() {
 #[test]
 fn results_do_not_depend_on_the_thread_count() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
-    let n = cpu::Dims { b: 2, h: 4, kv: 2, t: 133, d: 16 };
+    let n = cpu::Dims::square(2, 4, 2, 133, 16);
     let mut r = |len: usize| (0..len).map(|_| rng.sample::<f32, _>(StandardNormal)).collect::<Vec<f32>>();
     let (q, k, v, d_o) = (r(2 * 4 * 133 * 16), r(2 * 2 * 133 * 16), r(2 * 2 * 133 * 16), r(2 * 4 * 133 * 16));
     let starts = random_starts(2, 133, 30, &mut rng);
     let run = |threads| {
         rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(|| {
-            let (o, lse) = cpu::forward(&q, &k, &v, &starts, n, 0.25);
-            let g = cpu::backward(&q, &k, &v, &starts, &o, &lse, &d_o, n, 0.25);
+            let vis = cpu::Starts { starts: &starts, t: 133 };
+            let (o, lse) = cpu::forward(&q, &k, &v, &vis, n, 0.25);
+            let g = cpu::backward(&q, &k, &v, &vis, &o, &lse, &d_o, n, 0.25);
             (o, lse, g)
         })
     };

@@ -223,7 +223,7 @@ fn fused_adamw_matches_the_reference_bit_for_bit() {
         let fused = crate::adamw(t(p.clone()), t(g.clone()), t(m.clone()), t(v.clone()), h, true);
         let reference = crate::adamw(t(p), t(g), t(m), t(v), h, false);
         for (name, a, b) in [("p", fused.0, reference.0), ("m", fused.1, reference.1), ("v", fused.2, reference.2)] {
-            let (a, b): (Vec<f32>, Vec<f32>) = (a.into_data().to_vec().unwrap(), b.into_data().to_vec().unwrap());
+            let (a, b): (Vec<f32>, Vec<f32>) = (a.into_data().try_to_vec::<f32>().unwrap(), b.into_data().try_to_vec::<f32>().unwrap());
             let differ = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
             assert_eq!(differ, 0, "adamw {name} (step {step}, scale {grad_scale}): {differ} of {n} differ (seed {s})");
         }

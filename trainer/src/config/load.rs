@@ -144,6 +144,11 @@ pub fn parse_overrides(args: &[String]) -> Result<Vec<(String, String)>> {
     Ok(out)
 }
 
+/// A command-line value as TOML (`3`, `true`, `[1, 2]`), else as the string it is.
+fn scalar(raw: &str) -> Value {
+    format!("v = {raw}").parse::<Table>().ok().and_then(|mut t| t.remove("v")).unwrap_or_else(|| Value::String(raw.into()))
+}
+
 /// Turns `(section.key, raw)` overrides into a table shaped like the file, typed by the schema.
 fn overrides_table(defaults: &Table, overrides: &[(String, String)]) -> Result<Table> {
     let mut t = Table::new();
@@ -154,15 +159,11 @@ fn overrides_table(defaults: &Table, overrides: &[(String, String)]) -> Result<T
         let default = defaults.get(section).and_then(|s| s.get(key));
         let value = match default {
             Some(Value::String(_)) => Value::String(raw.clone()),
-            // A list of names also as `a,b` (TorchTitan's command-line form).
+            // A list also as `a,b` (TorchTitan's command-line form): names or numbers.
             Some(Value::Array(d)) if d.is_empty() && !raw.trim_start().starts_with('[') => {
-                Value::Array(raw.split(',').map(|x| x.trim()).filter(|x| !x.is_empty()).map(|x| Value::String(x.into())).collect())
+                Value::Array(raw.split(',').map(|x| x.trim()).filter(|x| !x.is_empty()).map(scalar).collect())
             }
-            _ => format!("v = {raw}")
-                .parse::<Table>()
-                .ok()
-                .and_then(|mut tt| tt.remove("v"))
-                .unwrap_or_else(|| Value::String(raw.clone())),
+            _ => scalar(raw),
         };
         t.entry(section.to_string())
             .or_insert_with(|| Value::Table(Table::new()))

@@ -224,6 +224,16 @@ section!(Debug {
     /// disk, not committed; on the writer thread under async saves); -1 = never. For the
     /// crash-safety tests.
     kill_during_save_at_step: i64 = -1,
+    /// Fault injection for restart tests: attempt `k` of the job (`restart_attempt`) fails at
+    /// step `fail_at_steps[k]`, mid-step (after forward and backward, before the gradient
+    /// reduction); attempts past the list run clean.
+    fail_at_steps: Vec<i64> = Vec::new(),
+    /// The world rank that fails; -1 = the last.
+    fail_rank: i64 = -1,
+    /// kill (SIGKILL the rank's process) | error (the rank returns an error)
+    fail_mode: String = "kill".into(),
+    /// Which attempt this is: set by `titan-rs train --max-restarts` for the jobs it restarts.
+    restart_attempt: i64 = 0,
 });
 
 section!(

@@ -33,6 +33,7 @@ pub fn validate(c: &JobConfig) -> Result<()> {
     }
     one_of(&mut e, "model.attention", &c.model.attention, &["fused", "reference"]);
     one_of(&mut e, "model.kernels", &c.model.kernels, &["fused", "reference"]);
+    one_of(&mut e, "debug.fail_mode", &c.debug.fail_mode, &["kill", "error"]);
     one_of(&mut e, "model.attn_mask_type", &c.model.attn_mask_type, &["causal", "block_causal"]);
     if c.model.rope_per_document && c.model.attn_mask_type != "block_causal" {
         e.push("`model.rope_per_document` = true needs `model.attn_mask_type` = \"block_causal\" (documents are only tracked then)".into());
