@@ -16,6 +16,12 @@ pub trait ActivationHooks: Debug + Send + Sync {
     /// After a projection whose input dimension is split over ranks (wo, w2): partial sums in,
     /// the residual stream's layout out.
     fn row_output(&self, y: Tensor<3>) -> Tensor<3>;
+    /// Attention of `q: [B, H, T, D]` over `k, v: [B, KV, T, D]`, causal (within documents when
+    /// `starts` is given): the local kernel, unless the sequence is split over ranks (context
+    /// parallelism).
+    fn attention(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, starts: Option<Tensor<2, Int>>, fused: bool) -> Tensor<4> {
+        titan_kernels::attention(q, k, v, starts, fused)
+    }
 }
 
 /// The hooks a model carries (none by default).
@@ -34,6 +40,13 @@ impl Hooks {
         match &self.0 {
             Some(h) => h.column_input(x),
             None => x,
+        }
+    }
+
+    pub fn attention(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, starts: Option<Tensor<2, Int>>, fused: bool) -> Tensor<4> {
+        match &self.0 {
+            Some(h) => h.attention(q, k, v, starts, fused),
+            None => titan_kernels::attention(q, k, v, starts, fused),
         }
     }
 

@@ -58,7 +58,7 @@ impl Attention {
         let k = pos.rope.apply(heads(self.wk.forward(x.clone())));
         let v = heads(self.wv.forward(x));
         let nh = q.dims()[1];
-        let o = titan_kernels::attention(q, k, v, pos.doc_starts.clone(), self.fused);
+        let o = hooks.attention(q, k, v, pos.doc_starts.clone(), self.fused);
         hooks.row_output(self.wo.forward(o.swap_dims(1, 2).reshape([b, t, nh * hd])))
     }
 }

@@ -10,11 +10,14 @@
 use crate::rope::{RopeScaling, RopeTables};
 use burn::prelude::*;
 
-/// The documents of a batch of packed rows, found from the token ids.
+/// The documents of a batch of packed rows, found from the token ids — or, under context
+/// parallelism, this rank's columns of them ([`Documents::select`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Documents {
     /// `[batch · seq_len]`: the first position (in its row) of each token's document.
     pub starts: Vec<i64>,
+    /// `[seq_len]`: each column's position in the row (`0..seq_len` unless selected).
+    pub positions: Vec<usize>,
     pub batch: usize,
     pub seq_len: usize,
     /// RoPE positions count from each document's start (else from the row's).
@@ -36,12 +39,38 @@ impl Documents {
                 }
             }
         }
-        Self { starts, batch, seq_len, restart_positions }
+        Self { starts, positions: (0..seq_len).collect(), batch, seq_len, restart_positions }
+    }
+
+    /// One document per row (plain causal attention) with the given column positions.
+    pub fn causal(batch: usize, positions: Vec<usize>) -> Self {
+        let seq_len = positions.len();
+        Self { starts: vec![0; batch * seq_len], positions, batch, seq_len, restart_positions: false }
+    }
+
+    /// The columns `cols` of every row (a context-parallel rank's share; positions and starts
+    /// keep their values in the whole row).
+    pub fn select(&self, cols: &[usize]) -> Self {
+        let starts = self.starts.chunks(self.seq_len).flat_map(|row| cols.iter().map(move |&c| row[c])).collect();
+        let positions = cols.iter().map(|&c| self.positions[c]).collect();
+        Self { starts, positions, seq_len: cols.len(), ..self.clone() }
+    }
+
+    /// Rows `first .. first + n` (a microbatch).
+    pub fn rows(&self, first: usize, n: usize) -> Self {
+        let t = self.seq_len;
+        Self { starts: self.starts[first * t..(first + n) * t].to_vec(), batch: n, ..self.clone() }
     }
 
     /// Each token's RoPE position: its offset from its document's start.
-    fn positions(&self) -> Vec<usize> {
-        self.starts.iter().enumerate().map(|(k, &s)| k % self.seq_len - s as usize).collect()
+    fn rope_positions(&self) -> Vec<usize> {
+        let t = self.seq_len;
+        self.starts.iter().enumerate().map(|(k, &s)| self.positions[k % t] - s as usize).collect()
+    }
+
+    /// Whether the columns are the row's positions `0..seq_len` in order.
+    fn contiguous(&self) -> bool {
+        self.positions.iter().enumerate().all(|(i, &p)| i == p)
     }
 }
 
@@ -81,8 +110,10 @@ impl Positions {
     ) -> Self {
         let rope = match docs {
             Some(d) if d.restart_positions => {
-                RopeTables::for_positions(theta, scaling, head_dim, &d.positions(), d.batch, device)
+                RopeTables::for_positions(theta, scaling, head_dim, &d.rope_positions(), d.batch, device)
             }
+            // One table for every row: the fused RoPE kernel still applies.
+            Some(d) if !d.contiguous() => RopeTables::for_positions(theta, scaling, head_dim, &d.positions, 1, device),
             _ => RopeTables::new(theta, scaling, head_dim, seq_len, device),
         };
         let doc_starts = docs.map(|d| {
@@ -107,6 +138,11 @@ mod tests {
         // Two rows of 6; eos = 9.
         let d = Documents::from_tokens(&[1, 2, 9, 3, 9, 4, 9, 5, 6, 7, 8, 1], 2, 6, 9, true);
         assert_eq!(d.starts, vec![0, 0, 0, 3, 3, 5, 0, 1, 1, 1, 1, 1]);
-        assert_eq!(d.positions(), vec![0, 1, 2, 0, 1, 0, 0, 0, 1, 2, 3, 4]);
+        assert_eq!(d.rope_positions(), vec![0, 1, 2, 0, 1, 0, 0, 0, 1, 2, 3, 4]);
+        // Columns 1, 3, 4 of each row (a context-parallel share): values stay global.
+        let s = d.select(&[1, 3, 4]);
+        assert_eq!((s.starts.clone(), s.positions.clone()), (vec![0, 3, 3, 1, 1, 1], vec![1, 3, 4]));
+        assert_eq!(s.rope_positions(), vec![1, 0, 1, 0, 2, 3]);
+        assert_eq!(s.rows(1, 1).starts, vec![1, 1, 1]);
     }
 }

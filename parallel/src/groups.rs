@@ -15,8 +15,10 @@ pub struct MeshGroups {
     pub dp: Option<Box<dyn Communicator>>,
     /// Ranks holding the same shards (DDP, and HSDP across shard groups): gradient all-reduce.
     pub replicate: Option<Box<dyn Communicator>>,
-    /// The FSDP shard group: parameter all-gather, gradient reduce-scatter.
+    /// The FSDP shard group (dp_shard × cp): parameter all-gather, gradient reduce-scatter.
     pub shard: Option<Box<dyn Communicator>>,
+    /// The context-parallel group (the ranks splitting each sequence).
+    pub cp: Option<Box<dyn Communicator>>,
     /// The tensor-parallel group.
     pub tp: Option<Box<dyn Communicator>>,
     /// This rank's pipeline stage index and the pipeline group (its rank `i` is stage rank `i`).
@@ -35,6 +37,7 @@ impl MeshGroups {
             dp: None,
             replicate: None,
             shard: None,
+            cp: None,
             tp: None,
             pp_rank: 0,
             pp: None,
@@ -56,7 +59,8 @@ impl MeshGroups {
         };
         let dp = cut(Axis::Dp, dims.dp())?;
         let replicate = cut(Axis::DpReplicate, dims.dp_replicate)?;
-        let shard = cut(Axis::Fsdp, dims.dp_shard)?;
+        let shard = cut(Axis::Fsdp, dims.fsdp_size())?;
+        let cp = cut(Axis::Cp, dims.cp)?;
         let tp = cut(Axis::Tp, dims.tp)?;
         let pp = cut(Axis::Pp, dims.pp)?;
         let everyone: Vec<usize> = (0..world.size()).collect();
@@ -69,6 +73,7 @@ impl MeshGroups {
             dp,
             replicate,
             shard,
+            cp,
             tp,
             pp_rank: c.pp,
             pp,

@@ -1,7 +1,7 @@
 //! Parallelism infrastructure for titan-rs.
 //!
 //! * [`mesh`]: TorchTitan's `ParallelDims` rules — degrees, world size, the rank grid
-//!   (`pp, dp_replicate, dp_shard, tp`, tp innermost) and the derived groups.
+//!   (`pp, dp_replicate, dp_shard, cp, tp`, tp innermost) and the derived groups.
 //! * [`comm`]: the [`comm::Communicator`] trait over host buffers (f32, bf16, bytes) and the
 //!   `local` backend (every rank a thread; reductions in fixed rank order, so bitwise
 //!   reproducible; mismatched calls and timeouts are errors, never hangs or mixed data).
@@ -9,12 +9,14 @@
 //!   reduce-scatter, the FSDP parameter all-gather) as custom autodiff ops.
 //! * [`ddp`]: data parallelism — bucketed gradient all-reduce over the dp group.
 //! * [`fsdp`]: parameters sharded along dim 0, gathered when read (a Burn reparameterization).
+//! * [`cp`]: context parallelism — sequences split over ranks, ring attention.
 //! * [`tp`]: tensor (and sequence) parallelism — parameter slices and activation hooks;
 //!   [`loss_parallel`]: cross-entropy over vocabulary-split logits.
 //! * [`launcher`]: runs one closure per rank on threads; the first failure stops every rank.
 
 pub mod autograd;
 pub mod comm;
+pub mod cp;
 pub mod ddp;
 pub mod fsdp;
 pub mod groups;

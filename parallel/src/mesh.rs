@@ -1,8 +1,9 @@
 //! The n-dimensional rank grid (TorchTitan's `ParallelDims`).
 //!
-//! Axis order, outermost first: `pp, dp_replicate, dp_shard, tp` (tp innermost, so a TP group
-//! is made of consecutive ranks). Derived groups: `dp` = replicate × shard (data loading and
-//! loss), `fsdp` = shard. Size-1 axes give single-rank groups, on which collectives are no-ops.
+//! Axis order, outermost first: `pp, dp_replicate, dp_shard, cp, tp` (as TorchTitan; tp
+//! innermost, so a TP group is made of consecutive ranks). Derived groups: `dp` = replicate ×
+//! shard (data loading), `fsdp` = shard × cp (the context-parallel ranks also shard the
+//! weights). Size-1 axes give single-rank groups, on which collectives are no-ops.
 
 use std::fmt;
 
@@ -24,10 +25,12 @@ pub enum Axis {
     Pp,
     DpReplicate,
     DpShard,
+    /// Context parallelism: the ranks that split each sequence.
+    Cp,
     Tp,
     /// dp_replicate × dp_shard: data loading, loss and DDP gradient reduction.
     Dp,
-    /// dp_shard: FSDP parameter sharding.
+    /// dp_shard × cp: FSDP parameter sharding.
     Fsdp,
 }
 
@@ -37,6 +40,7 @@ impl fmt::Display for Axis {
             Axis::Pp => "pp",
             Axis::DpReplicate => "dp_replicate",
             Axis::DpShard => "dp_shard",
+            Axis::Cp => "cp",
             Axis::Tp => "tp",
             Axis::Dp => "dp",
             Axis::Fsdp => "fsdp",
@@ -106,6 +110,13 @@ impl ParallelDims {
     }
     pub fn fsdp_enabled(&self) -> bool {
         self.dp_shard > 1
+    }
+    pub fn cp_enabled(&self) -> bool {
+        self.cp > 1
+    }
+    /// The FSDP group's size: the shard ranks and the context-parallel ranks together.
+    pub fn fsdp_size(&self) -> usize {
+        self.dp_shard * self.cp
     }
     pub fn tp_enabled(&self) -> bool {
         self.tp > 1
@@ -181,6 +192,7 @@ pub struct Coords {
     pub pp: usize,
     pub dp_replicate: usize,
     pub dp_shard: usize,
+    pub cp: usize,
     pub tp: usize,
 }
 
@@ -192,38 +204,49 @@ impl Coords {
 }
 
 impl Mesh {
-    fn sizes(&self) -> [usize; 4] {
+    fn sizes(&self) -> [usize; 5] {
         let d = &self.dims;
-        [d.pp, d.dp_replicate, d.dp_shard * d.cp, d.tp]
+        [d.pp, d.dp_replicate, d.dp_shard, d.cp, d.tp]
     }
 
     pub fn coords(&self, rank: usize) -> Coords {
-        let [_, r, s, t] = self.sizes();
-        Coords { pp: rank / (r * s * t), dp_replicate: (rank / (s * t)) % r, dp_shard: (rank / t) % s, tp: rank % t }
+        let [_, r, s, c, t] = self.sizes();
+        Coords {
+            pp: rank / (r * s * c * t),
+            dp_replicate: (rank / (s * c * t)) % r,
+            dp_shard: (rank / (c * t)) % s,
+            cp: (rank / t) % c,
+            tp: rank % t,
+        }
     }
 
-    pub fn rank_of(&self, c: Coords) -> usize {
-        let [_, r, s, t] = self.sizes();
-        ((c.pp * r + c.dp_replicate) * s + c.dp_shard) * t + c.tp
+    pub fn rank_of(&self, x: Coords) -> usize {
+        let [_, r, s, c, t] = self.sizes();
+        (((x.pp * r + x.dp_replicate) * s + x.dp_shard) * c + x.cp) * t + x.tp
     }
 
     /// The ranks of `rank`'s group along `axis`, ascending; the group's rank order.
     pub fn group(&self, axis: Axis, rank: usize) -> Vec<usize> {
-        let c = self.coords(rank);
-        let [p, r, s, t] = self.sizes();
-        let mut out = Vec::new();
-        let (pp, rr, ss, tt) = match axis {
-            Axis::Pp => (0..p, c.dp_replicate..c.dp_replicate + 1, c.dp_shard..c.dp_shard + 1, c.tp..c.tp + 1),
-            Axis::DpReplicate => (c.pp..c.pp + 1, 0..r, c.dp_shard..c.dp_shard + 1, c.tp..c.tp + 1),
-            Axis::DpShard | Axis::Fsdp => (c.pp..c.pp + 1, c.dp_replicate..c.dp_replicate + 1, 0..s, c.tp..c.tp + 1),
-            Axis::Tp => (c.pp..c.pp + 1, c.dp_replicate..c.dp_replicate + 1, c.dp_shard..c.dp_shard + 1, 0..t),
-            Axis::Dp => (c.pp..c.pp + 1, 0..r, 0..s, c.tp..c.tp + 1),
+        let x = self.coords(rank);
+        let [p, r, s, c, t] = self.sizes();
+        let one = |v: usize| v..v + 1;
+        let (pp, rr, ss, cc, tt) = match axis {
+            Axis::Pp => (0..p, one(x.dp_replicate), one(x.dp_shard), one(x.cp), one(x.tp)),
+            Axis::DpReplicate => (one(x.pp), 0..r, one(x.dp_shard), one(x.cp), one(x.tp)),
+            Axis::DpShard => (one(x.pp), one(x.dp_replicate), 0..s, one(x.cp), one(x.tp)),
+            Axis::Cp => (one(x.pp), one(x.dp_replicate), one(x.dp_shard), 0..c, one(x.tp)),
+            Axis::Fsdp => (one(x.pp), one(x.dp_replicate), 0..s, 0..c, one(x.tp)),
+            Axis::Tp => (one(x.pp), one(x.dp_replicate), one(x.dp_shard), one(x.cp), 0..t),
+            Axis::Dp => (one(x.pp), 0..r, 0..s, one(x.cp), one(x.tp)),
         };
+        let mut out = Vec::new();
         for a in pp {
             for b in rr.clone() {
                 for e in ss.clone() {
-                    for f in tt.clone() {
-                        out.push(self.rank_of(Coords { pp: a, dp_replicate: b, dp_shard: e, tp: f }));
+                    for g in cc.clone() {
+                        for f in tt.clone() {
+                            out.push(self.rank_of(Coords { pp: a, dp_replicate: b, dp_shard: e, cp: g, tp: f }));
+                        }
                     }
                 }
             }
@@ -277,7 +300,7 @@ mod tests {
         assert_eq!(m.group(Axis::DpReplicate, 5), vec![1, 5]);
         assert_eq!(m.group(Axis::Dp, 5), vec![1, 3, 5, 7]);
         assert_eq!(m.group(Axis::Pp, 5), vec![5, 13]);
-        for axis in [Axis::Pp, Axis::DpReplicate, Axis::DpShard, Axis::Tp, Axis::Dp] {
+        for axis in [Axis::Pp, Axis::DpReplicate, Axis::DpShard, Axis::Cp, Axis::Fsdp, Axis::Tp, Axis::Dp] {
             let mut seen = vec![0; 16];
             for r in 0..16 {
                 let g = m.group(axis, r);
@@ -291,6 +314,22 @@ mod tests {
             assert!(seen.iter().all(|&c| c == size), "{axis}: {seen:?}");
         }
         for r in 0..16 {
+            assert_eq!(m.rank_of(m.coords(r)), r);
+        }
+    }
+
+    /// pp, dp_replicate, dp_shard, cp, tp (TorchTitan's order): cp sits between shard and tp,
+    /// and FSDP spans dp_shard × cp.
+    #[test]
+    fn cp_sits_inside_dp_shard_and_fsdp_spans_both() {
+        let m = ParallelDims::new(1, 2, 2, 2, 1, 1, 8).unwrap().mesh();
+        assert_eq!(m.group(Axis::Tp, 5), vec![4, 5]);
+        assert_eq!(m.group(Axis::Cp, 5), vec![5, 7]);
+        assert_eq!(m.group(Axis::DpShard, 5), vec![1, 5]);
+        assert_eq!(m.group(Axis::Fsdp, 5), vec![1, 3, 5, 7]);
+        assert_eq!(m.group(Axis::Dp, 5), vec![1, 5]);
+        assert_eq!(m.coords(5), Coords { pp: 0, dp_replicate: 0, dp_shard: 1, cp: 0, tp: 1 });
+        for r in 0..8 {
             assert_eq!(m.rank_of(m.coords(r)), r);
         }
     }

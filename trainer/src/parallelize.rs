@@ -13,7 +13,10 @@ use burn::prelude::*;
 use std::collections::HashSet;
 use titan_checkpoints::{HostTensor, TensorMap};
 use titan_models::{llama::logical_axes, LogicalAxis};
+use std::sync::Arc;
+use titan_models::Hooks;
 use titan_parallel::autograd::host::{self, Prim};
+use titan_parallel::cp::{ContextParallelHooks, CpSpec, Rotate};
 use titan_parallel::ddp::{all_reduce_gradients, BUCKET_BYTES};
 use titan_parallel::fsdp::{fully_shard, Sharding};
 use titan_parallel::loss_parallel::vocab_parallel_cross_entropy_sum;
@@ -33,6 +36,8 @@ pub fn tp_split_dim(path: &str) -> Option<usize> {
 #[derive(Debug, Clone, Default)]
 pub struct Placement {
     pub tp: Option<TensorParallel>,
+    /// Context parallelism: this rank's share of every sequence.
+    pub cp: Option<CpSpec>,
     pub fsdp: Option<Sharding>,
     /// Parameters split by TP (their squared gradient norms are summed over the TP group).
     tp_split: HashSet<ParamId>,
@@ -40,8 +45,14 @@ pub struct Placement {
     pub fused_loss: bool,
 }
 
-/// Applies TP, then FSDP, to this rank's full stages (pipeline parallelism chose the stages).
-pub fn parallelize_llama(mut model: RankModel, rank: &RankContext, sequence_parallel: bool) -> (RankModel, Placement) {
+/// Applies TP, then CP (the attention hook), then FSDP (over dp_shard × cp), to this rank's
+/// full stages (pipeline parallelism chose the stages).
+pub fn parallelize_llama(
+    mut model: RankModel,
+    rank: &RankContext,
+    sequence_parallel: bool,
+    cp_rotate: Rotate,
+) -> (RankModel, Placement) {
     let mut placement = Placement::default();
     if let Some(g) = &rank.tp {
         let (m, tp, hooks) = apply_tensor_parallel(model, g, sequence_parallel, tp_split_dim);
@@ -52,6 +63,20 @@ pub fn parallelize_llama(mut model: RankModel, rank: &RankContext, sequence_para
             .map(|(id, _)| id)
             .collect();
         placement.tp = Some(tp);
+    }
+    if let Some(g) = &rank.cp {
+        let spec = CpSpec::new(g, cp_rotate);
+        model = RankModel {
+            chunks: model
+                .chunks
+                .into_iter()
+                .map(|c| {
+                    let hooks = ContextParallelHooks { inner: c.hooks.clone(), spec };
+                    c.with_hooks(Hooks(Some(Arc::new(hooks))))
+                })
+                .collect(),
+        };
+        placement.cp = Some(spec);
     }
     if let Some(g) = &rank.fsdp {
         let (m, s) = fully_shard(model, g);

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use titan_checkpoints::{load_tensors, save_tensors, TensorMap};
 use titan_data::Batch;
 use titan_models::llama::StageInput;
-use titan_models::{Checkpointing, DocumentMask, Tape};
+use titan_models::{Checkpointing, Documents, Tape};
 use titan_models::{ModelArgs, Transformer};
 use titan_parallel::pp::schedule::{check_microbatches, rank_actions};
 use titan_parallel::pp::{Action, Schedule, StageSplit};
@@ -164,8 +164,9 @@ pub struct StepInputs<'a> {
     pub dim: usize,
     /// The blocks that recompute their activations in backward.
     pub checkpointing: Checkpointing,
-    /// Block-causal attention over the packed documents of each row (`None`: causal).
-    pub documents: Option<DocumentMask>,
+    /// The documents of the batch's rows (block-causal attention), and under context
+    /// parallelism the global positions of this rank's columns; `None`: causal over `0..T`.
+    pub documents: Option<&'a Documents>,
 }
 
 /// What running the schedule on one batch produced on this rank.
@@ -248,7 +249,7 @@ pub fn run_schedule(
     let (b, t) = (io.batch.batch / layout.microbatches, io.batch.seq_len);
     let stages = layout.split.num_stages();
     let rows = |v: &[i64], m: usize| to_tensor_2d(&v[m * b * t..(m + 1) * b * t], b, t, device);
-    let docs = |m: usize| io.documents.map(|d| d.documents(&io.batch.inputs[m * b * t..(m + 1) * b * t], b, t));
+    let docs = |m: usize| io.documents.map(|d| d.rows(m * b, b));
     let wire = Wire { pp, layout, hidden: [b, io.hidden_positions, io.dim], device };
     let mut saved: HashMap<(usize, usize), Saved> = HashMap::new();
     let (mut loss_sum, mut busy) = (0.0f64, Duration::ZERO);
@@ -321,13 +322,12 @@ pub fn forward_only(
     placement: &Placement,
     pp: Option<&dyn Communicator>,
     batch: &Batch,
-    documents: Option<DocumentMask>,
+    docs: Option<&Documents>,
     hidden_positions: usize,
     dim: usize,
     device: &Device,
 ) -> Result<f64> {
     let (b, t) = (batch.batch, batch.seq_len);
-    let docs = documents.map(|d| d.documents(&batch.inputs, b, t));
     let stages = layout.split.num_stages();
     let wire = Wire { pp, layout, hidden: [b, hidden_positions, dim], device };
     let mut loss = 0.0;
@@ -337,7 +337,7 @@ pub fn forward_only(
         } else {
             StageInput::Hidden(wire.recv(stage, 0, stage - 1, false)?)
         };
-        let y = model.chunks[c].forward_stage(input, t, docs.as_ref());
+        let y = model.chunks[c].forward_stage(input, t, docs);
         if stage == stages - 1 {
             loss = placement.loss(y, to_tensor_2d(&batch.targets, b, t, device)).into_scalar::<f32>() as f64;
         } else {

@@ -26,6 +26,8 @@ pub struct RankContext {
     pub fsdp: Option<GroupHandle>,
     /// The tensor-parallel group, registered likewise.
     pub tp: Option<GroupHandle>,
+    /// The context-parallel group (the ranks splitting each sequence), registered likewise.
+    pub cp: Option<GroupHandle>,
     /// The pipeline stage index and group (point-to-point between stages).
     pub pp_rank: usize,
     pub pp: Option<Box<dyn Communicator>>,
@@ -38,6 +40,11 @@ impl RankContext {
         Self::new(MeshGroups::single())
     }
 
+    /// Ranks splitting each sequence (1 without context parallelism).
+    pub fn cp_degree(&self) -> usize {
+        self.cp.as_ref().map_or(1, |g| g.size())
+    }
+
     /// Must be called on the rank's own thread (the FSDP and TP groups are registered there).
     pub fn new(g: MeshGroups) -> Self {
         Self {
@@ -48,6 +55,7 @@ impl RankContext {
             replicate: g.replicate,
             fsdp: g.shard.map(register),
             tp: g.tp.map(register),
+            cp: g.cp.map(register),
             pp_rank: g.pp_rank,
             pp: g.pp,
             world: g.world,

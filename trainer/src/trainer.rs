@@ -18,7 +18,10 @@ use std::sync::Arc;
 use std::time::Instant;
 use titan_checkpoints::CheckpointFolder;
 use titan_data::{tokenize_corpus_with, Batch, DataLoader, LoaderConfig, Tokenizer, ValidationBatches};
-use titan_models::{Checkpointing, DocumentMask, ModelArgs, Transformer};
+use std::borrow::Cow;
+use titan_models::{Checkpointing, DocumentMask, Documents, ModelArgs, Transformer};
+use titan_parallel::cp::Rotate;
+use titan_parallel::registry::with_group;
 use titan_parallel::{CommExt, ReduceOp};
 
 /// What one optimizer step did.
@@ -100,7 +103,8 @@ pub(crate) fn build_stages(
 
 /// Applies the config's parallelisms to this rank's stages.
 fn parallelize(cfg: &JobConfig, stages: RankModel, rank: &RankContext) -> (RankModel, Placement) {
-    let (model, mut placement) = parallelize_llama(stages, rank, cfg.parallelism.enable_sequence_parallel);
+    let rotate = if cfg.parallelism.context_parallel_rotate_method == "allgather" { Rotate::AllGather } else { Rotate::Ring };
+    let (model, mut placement) = parallelize_llama(stages, rank, cfg.parallelism.enable_sequence_parallel, rotate);
     placement.fused_loss = cfg.model.kernels == "fused";
     (model, placement)
 }
@@ -234,14 +238,15 @@ impl Trainer {
             let _span = titan_profiling::span("data", "data");
             self.loader.next_step()
         };
-        let local_tokens: usize = microbatches.iter().map(Batch::num_tokens).sum();
+        let local: Vec<(Cow<Batch>, Option<Documents>)> = microbatches.iter().map(|b| self.local_batch(b)).collect();
+        let local_tokens: usize = local.iter().map(|(b, _)| b.num_tokens()).sum();
         // Every rank's batch has the same shape, so the global token count is known up front.
-        let total_tokens = local_tokens * self.rank.dp_degree;
+        let total_tokens = local_tokens * self.rank.dp_degree * self.rank.cp_degree();
         let inject = self.cfg.debug.inject_nonfinite_at_step == step as i64;
         let (mut loss_sum, mut busy) = (0.0f64, 0.0f64);
         let mut acc = GradientsParams::new();
         let pipeline_start = Instant::now();
-        for batch in &microbatches {
+        for (batch, docs) in &local {
             let io = StepInputs {
                 batch,
                 total_tokens,
@@ -249,7 +254,7 @@ impl Trainer {
                 hidden_positions: self.hidden_positions(),
                 dim: self.args.dim,
                 checkpointing: self.checkpointing,
-                documents: self.documents,
+                documents: docs.as_ref(),
             };
             let pp = self.rank.pp.as_deref();
             let out = run_schedule(&self.model, &self.layout, &self.placement, pp, &io, &self.device, &mut acc)?;
@@ -262,7 +267,9 @@ impl Trainer {
             let _span = titan_profiling::span("gradient reduction", "comm");
             self.placement.reduce_gradients(&self.model, &mut acc, &self.rank)?;
         }
-        // The loss lives on the last pipeline stage of every data-parallel rank.
+        // The loss lives on the last pipeline stage of every data-parallel rank, in parts over
+        // the context-parallel ranks.
+        loss_sum = self.sum_over_cp(loss_sum)?;
         for group in [&self.rank.dp, &self.rank.pp].into_iter().flatten() {
             let mut l = [loss_sum as f32];
             group.all_reduce(&mut l, ReduceOp::Sum)?;
@@ -336,9 +343,33 @@ impl Trainer {
         self.source_names.iter().cloned().zip(counts.into_iter().map(|n| n * seq)).collect()
     }
 
+    /// This rank's part of `batch` with its documents: the whole batch, or under context
+    /// parallelism its columns of every row (documents found on the whole rows first, so
+    /// starts and positions stay global).
+    fn local_batch<'b>(&self, batch: &'b Batch) -> (Cow<'b, Batch>, Option<Documents>) {
+        let docs = match (self.documents, &self.placement.cp) {
+            (Some(mask), _) => Some(mask.documents(&batch.inputs, batch.batch, batch.seq_len)),
+            (None, Some(_)) => Some(Documents::causal(batch.batch, (0..batch.seq_len).collect())),
+            (None, None) => None,
+        };
+        let Some(cp) = &self.placement.cp else { return (Cow::Borrowed(batch), docs) };
+        let t = batch.seq_len;
+        let cols = cp.columns(t);
+        let local = Batch { inputs: cp.shard(&batch.inputs, t), targets: cp.shard(&batch.targets, t), batch: batch.batch, seq_len: cols.len() };
+        (Cow::Owned(local), docs.map(|d| d.select(&cols)))
+    }
+
+    /// `x` summed over the context-parallel group (itself without one).
+    fn sum_over_cp(&self, x: f64) -> Result<f64> {
+        let Some(g) = &self.rank.cp else { return Ok(x) };
+        let mut v = [x as f32];
+        with_group(g.id(), |c| c.all_reduce(&mut v, ReduceOp::Sum))?;
+        Ok(v[0] as f64)
+    }
+
     /// Positions per rank in the hidden states between pipeline stages.
     fn hidden_positions(&self) -> usize {
-        let seq = self.cfg.training.seq_len as usize;
+        let seq = self.cfg.training.seq_len as usize / self.rank.cp_degree();
         match &self.rank.tp {
             Some(g) if self.cfg.parallelism.enable_sequence_parallel => seq / g.size(),
             _ => seq,
@@ -357,9 +388,11 @@ impl Trainer {
         let pp = self.rank.pp.as_deref();
         for b in &self.val_batches {
             let (h, dim) = (self.hidden_positions(), self.args.dim);
-            sum += forward_only(&model, &self.layout, &self.placement, pp, b, self.documents, h, dim, &device)?;
+            let (local, docs) = self.local_batch(b);
+            sum += forward_only(&model, &self.layout, &self.placement, pp, &local, docs.as_ref(), h, dim, &device)?;
             n += b.num_tokens();
         }
+        sum = self.sum_over_cp(sum)?;
         if let Some(pp) = pp {
             let mut s = [sum as f32];
             pp.all_reduce(&mut s, ReduceOp::Sum)?;

@@ -129,7 +129,11 @@ section!(Parallelism {
     pipeline_parallel_layers_per_stage: i64 = -1,
     /// -1 = pipeline degree.
     num_pp_microbatches: i64 = -1,
+    /// Ranks that split each sequence (ring attention; they also shard the weights with FSDP).
     context_parallel_degree: i64 = 1,
+    /// How K/V reach every context-parallel rank: ring (send/recv around the ring, two blocks
+    /// in memory) | allgather (all at once)
+    context_parallel_rotate_method: String = "ring".into(),
     expert_parallel_degree: i64 = 1,
 });
 

@@ -85,11 +85,15 @@ fn impossible_values_name_key_and_allowed_values() {
 
 #[test]
 fn parallel_degrees_other_than_one_are_not_supported_yet() {
-    let e = err("[parallelism]\ncontext_parallel_degree = 2\n", &[]);
-    assert!(
-        e.contains("`parallelism.context_parallel_degree` = 2 is not supported yet") && e.contains("set it to 1"),
-        "{e}"
-    );
+    let e = err("[parallelism]\nexpert_parallel_degree = 2\n", &[]);
+    assert!(e.contains("`parallelism.expert_parallel_degree` = 2 is not supported yet") && e.contains("set it to 1"), "{e}");
+    // Context parallelism: two chunks per rank, and the rotate method.
+    let e = err("[training]\nseq_len = 100\n[parallelism]\ncontext_parallel_degree = 4\n", &[]);
+    assert!(e.contains("`training.seq_len` = 100") && e.contains("2 · `parallelism.context_parallel_degree` = 8"), "{e}");
+    let e = err("[training]\nseq_len = 96\n[parallelism]\ncontext_parallel_degree = 2\ntensor_parallel_degree = 5\n", &[]);
+    assert!(e.contains("`parallelism.context_parallel_degree` = 48 must be a multiple of `parallelism.tensor_parallel_degree` = 5"), "{e}");
+    let e = err("[parallelism]\ncontext_parallel_rotate_method = \"alltoall\"\n", &[]);
+    assert!(e.contains("context_parallel_rotate_method") && e.contains("allgather"), "{e}");
     // Sequence parallelism splits the sequence over the TP ranks.
     let e = err("[training]\nseq_len = 130\n[parallelism]\ntensor_parallel_degree = 4\n", &[]);
     assert!(

@@ -19,7 +19,7 @@ fn positive(errors: &mut Vec<String>, key: &str, value: i64) {
 fn not_yet(errors: &mut Vec<String>, key: &str, value: i64, ok: &[i64]) {
     if !ok.contains(&value) {
         errors.push(format!(
-            "`{key}` = {value} is not supported yet: this build trains with data parallelism (`parallelism.data_parallel_replicate_degree` for DDP, `data_parallel_shard_degree` for FSDP, both for HSDP), tensor parallelism (`tensor_parallel_degree`) and pipeline parallelism (`pipeline_parallel_degree`); set it to {}",
+            "`{key}` = {value} is not supported yet: this build trains with data parallelism (`parallelism.data_parallel_replicate_degree` for DDP, `data_parallel_shard_degree` for FSDP, both for HSDP), context parallelism (`context_parallel_degree`), tensor parallelism (`tensor_parallel_degree`) and pipeline parallelism (`pipeline_parallel_degree`); set it to {}",
             ok[0]
         ));
     }
@@ -104,14 +104,29 @@ pub fn validate(c: &JobConfig) -> Result<()> {
         ));
     }
     let p = &c.parallelism;
-    let tp = p.tensor_parallel_degree.max(1);
-    if tp > 1 && p.enable_sequence_parallel && t.seq_len % tp != 0 {
+    let (tp, cp) = (p.tensor_parallel_degree.max(1), p.context_parallel_degree.max(1));
+    if cp > 1 && t.seq_len % (2 * cp) != 0 {
         e.push(format!(
-            "`training.seq_len` = {} must be a multiple of `parallelism.tensor_parallel_degree` = {tp} with sequence parallelism (each rank holds seq_len / tp positions); change it or set `parallelism.enable_sequence_parallel` = false",
-            t.seq_len
+            "`training.seq_len` = {} must be a multiple of 2 · `parallelism.context_parallel_degree` = {} (each context-parallel rank holds two of 2·cp equal chunks); change either",
+            t.seq_len,
+            2 * cp
+        ));
+    } else if tp > 1 && p.enable_sequence_parallel && (t.seq_len / cp) % tp != 0 {
+        let what = if cp > 1 {
+            format!("`training.seq_len` / `parallelism.context_parallel_degree` = {}", t.seq_len / cp)
+        } else {
+            format!("`training.seq_len` = {}", t.seq_len)
+        };
+        e.push(format!(
+            "{what} must be a multiple of `parallelism.tensor_parallel_degree` = {tp} with sequence parallelism (each rank holds seq_len / cp / tp positions); change them or set `parallelism.enable_sequence_parallel` = false"
         ));
     }
-    not_yet(&mut e, "parallelism.context_parallel_degree", p.context_parallel_degree, &[1]);
+    one_of(&mut e, "parallelism.context_parallel_rotate_method", &p.context_parallel_rotate_method, &["ring", "allgather"]);
+    if cp > 1 && t.device != "cpu" {
+        e.push(format!(
+            "`parallelism.context_parallel_degree` = {cp} runs on the CPU device (its ring attention uses the CPU communicators); set `training.device` = \"cpu\" or the degree to 1"
+        ));
+    }
     if t.mixed_precision_param != "float32" && p.tensor_parallel_degree > 1 {
         e.push(format!(
             "`training.mixed_precision_param` = {:?} with `parallelism.tensor_parallel_degree` = {} is not supported yet (the TP activation collectives move float32); use \"float32\" with TP, or mixed precision with data and pipeline parallelism",
