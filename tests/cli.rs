@@ -34,8 +34,8 @@ fn unknown_key_in_file_exits_nonzero_with_file_line_and_hint() {
 
 #[test]
 fn unsupported_parallelism_is_a_clear_error() {
-    let o = titan(&["train", "--config", "configs/llama_debug.toml", "--parallelism.context_parallel_degree", "2"]);
-    assert_clean_error(&o, &["context_parallel_degree` = 2 is not supported yet"]);
+    let o = titan(&["train", "--config", "configs/llama_debug.toml", "--parallelism.expert_parallel_degree", "2"]);
+    assert_clean_error(&o, &["expert_parallel_degree` = 2 is not supported yet"]);
 }
 
 #[test]

@@ -21,9 +21,29 @@ pub fn plan(cfg: &JobConfig) -> Result<String> {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "mesh: {} rank(s) = replicate {} × shard {} × tp {} × pp {pp}",
-        dims.world_size, dims.dp_replicate, dims.dp_shard, dims.tp
+        "mesh: {} rank(s) = replicate {} × shard {} × cp {} × tp {} × pp {pp}",
+        dims.world_size, dims.dp_replicate, dims.dp_shard, dims.cp, dims.tp
     );
+    if dims.cp > 1 {
+        let (t, c) = (cfg.training.seq_len as usize, dims.cp);
+        let mut one = cfg.clone();
+        one.parallelism.context_parallel_degree = 1;
+        let without = titan_parallel::ParallelDims { cp: 1, world_size: dims.world_size / c, ..dims };
+        let act = |cfg: &JobConfig, d: &titan_parallel::ParallelDims| -> Result<u64> {
+            Ok(crate::memory::rank_memory(cfg, &args, d, 0)?.activations)
+        };
+        let _ = writeln!(
+            out,
+            "context parallel {c} ({}): each {t}-token sequence in 2·{c} chunks of {}, rank r holding chunks r and {}−r ({} positions); activations per rank {:.3} GiB vs {:.3} GiB without CP; weights sharded over shard × cp = {}",
+            p.context_parallel_rotate_method,
+            t / (2 * c),
+            2 * c - 1,
+            t / c,
+            crate::memory::gib(act(cfg, &dims)?),
+            crate::memory::gib(act(&one, &without)?),
+            dims.fsdp_size()
+        );
+    }
     let _ = writeln!(out, "model {}: {} layers", cfg.model.flavor, args.n_layers);
     let last = layout.split.num_stages() - 1;
     for (s, layers) in layout.split.layers.iter().enumerate() {

@@ -120,10 +120,13 @@ pub fn rank_memory(cfg: &JobConfig, args: &ModelArgs, dims: &ParallelDims, pp_ra
     let local_batch = cfg.training.local_batch_size.max(1) as usize;
     let layout = RankLayout::new(p, args, local_batch, pp_rank).map_err(|e| anyhow!(e))?;
     let ac = cfg.activation_checkpoint.policy().map_err(|e| anyhow!(e))?;
-    let (tp, shard, dp) = (dims.tp.max(1) as u64, dims.dp_shard.max(1) as u64, dims.dp_replicate.max(1) as u64);
+    let (tp, dp) = (dims.tp.max(1) as u64, dims.dp_replicate.max(1) as u64);
+    // Context-parallel ranks shard the weights with the shard group, and hold 1/cp of each
+    // sequence.
+    let (shard, cp) = (dims.fsdp_size().max(1) as u64, dims.cp.max(1));
     let elem: u64 = if cfg.training.mixed_precision_param == "float32" { 4 } else { 2 };
     let w = Widths::new(args, tp, p.enable_sequence_parallel);
-    let tokens = (local_batch / layout.microbatches * cfg.training.seq_len as usize) as f64;
+    let tokens = (local_batch / layout.microbatches * cfg.training.seq_len as usize / cp) as f64;
 
     // Lazily initialised: building the stages allocates nothing, it only knows their shapes.
     let stages = layout.build(args, 0, (true, true), &Device::flex());
@@ -187,9 +190,18 @@ pub fn rank_memory(cfg: &JobConfig, args: &ModelArgs, dims: &ParallelDims, pp_ra
     // of a shard into the full value), during forward and backward; the data-parallel gradient
     // reduction copies every local gradient once more (plus a bucket) after backward.
     let residual = 4 * (w.d as f64 * tokens) as u64;
+    // CP: the attention's host copies of the local K and V, the blocks held (two in a ring, all
+    // of them gathered), and as many dK, dV in backward.
+    let kv_block = 4 * 2 * (w.kv as f64 * tokens) as u64;
+    let cp_buffers = match (cp > 1, p.context_parallel_rotate_method.as_str()) {
+        (false, _) => 0,
+        (true, "allgather") => kv_block * (1 + 2 * cp as u64),
+        (true, _) => kv_block * 5,
+    };
     let in_step = if tp > 1 { 3 * residual } else { 0 }
         + if layout.split.pp > 1 { 2 * residual } else { 0 }
-        + if shard > 1 { 2 * 4 * largest_param } else { 0 };
+        + if shard > 1 { 2 * 4 * largest_param } else { 0 }
+        + cp_buffers;
     let reduction = if dp * shard > 1 { 4 * local + (25 << 20).min(4 * local) } else { 0 };
     let threads = rayon::current_num_threads() as u64;
     let workspace = threads * (2 * 64 * 64 * 4 + 2 * (256 * w.d.max(w.f)) * 4);
