@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Activation checkpointing benchmark: peak memory and tokens/s of `small` at seq_len 2048 under
-`activation_checkpoint.mode` none / full / selective ("2"), side by side in one run.
+`activation_checkpoint.mode` none / full / selective ("2" and "op"), side by side in one run.
 
 The modes alternate within each round (none, full, selective, none, ...) so the machine's noise
 falls on all of them alike; each run trains a few steps in a fresh process. Reported per mode:
@@ -24,6 +24,7 @@ MODES = {
     "none": ["--activation_checkpoint.mode", "none"],
     "full": ["--activation_checkpoint.mode", "full"],
     "selective 2": ["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "2"],
+    "selective op": ["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "op"],
 }
 
 

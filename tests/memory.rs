@@ -4,7 +4,8 @@
 mod common;
 use common::*;
 
-/// Full and selective ("2": every 2nd block) checkpointing give the same losses and gradient
+/// Full, selective ("2": every 2nd block) and op-level selective ("op": Burn's balanced
+/// strategy recomputing the element-wise ops) checkpointing give the same losses and gradient
 /// norms as `none`, bit for bit, on 1 rank, FSDP 2, TP 2 and PP 2 (1F1B), and under bfloat16
 /// compute with FSDP: the recompute runs the same kernels on the same values.
 #[test]
@@ -28,6 +29,7 @@ fn activation_checkpointing_equals_none_bit_for_bit() {
         for ac in [
             "--activation_checkpoint.mode full",
             "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option 2",
+            "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op",
         ] {
             assert_eq!(run_with(ac), none, "[{layout}] {ac}");
         }

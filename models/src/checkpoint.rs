@@ -28,13 +28,18 @@ pub enum Checkpointing {
     /// Every `n`-th block, counting from 1 as TorchTitan does: blocks `n-1, 2n-1, …`
     /// (`mode = "selective"`, `selective_ac_option = "n"`).
     EveryNth(usize),
+    /// Op-level selective checkpointing (`selective_ac_option = "op"`): no block is cut; the
+    /// device runs Burn's balanced gradient checkpointing, which keeps the outputs of the
+    /// compute-bound ops (matmuls, attention) and recomputes the memory-bound ones (RMSNorm,
+    /// RoPE, `silu · mul`, residual adds, copies) in backward.
+    Ops,
 }
 
 impl Checkpointing {
     /// Whether the block with global index `layer` is checkpointed.
     pub fn covers(&self, layer: usize) -> bool {
         match *self {
-            Checkpointing::None => false,
+            Checkpointing::None | Checkpointing::Ops => false,
             Checkpointing::Full => true,
             Checkpointing::EveryNth(n) => n > 0 && (layer + 1) % n == 0,
         }

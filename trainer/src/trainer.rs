@@ -132,7 +132,11 @@ impl Trainer {
     /// checkpointing is on and one exists.
     pub fn new(cfg: JobConfig, rank: RankContext) -> Result<Self> {
         let args = cfg.model_args().map_err(|e| anyhow!(e))?;
-        let device = crate::device::select(&cfg.training.device, cfg.training.device_index as usize)?.autodiff();
+        let mut device = crate::device::select(&cfg.training.device, cfg.training.device_index as usize)?.autodiff();
+        if cfg.activation_checkpoint.policy() == Ok(Checkpointing::Ops) {
+            // Op-level selective AC: Burn's balanced strategy recomputes the memory-bound ops.
+            device = device.gradient_checkpointing();
+        }
         let tokenizer = Tokenizer::from_file(&cfg.model.tokenizer_file())?;
         if tokenizer.vocab_size() > args.vocab_size {
             bail!(

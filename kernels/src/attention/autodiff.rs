@@ -6,7 +6,7 @@ use burn::backend::autodiff::{
     checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
     grads::Gradients,
     ops::{Backward, Ops, OpsKind},
-    Autodiff,
+    Autodiff, NodeId,
 };
 use burn::backend::{
     tensor::{FloatTensor, IntTensor},
@@ -17,12 +17,16 @@ use burn::backend::{
 struct FusedAttentionBackward;
 
 impl<B: Backend + FusedAttentionOps> Backward<B, 3> for FusedAttentionBackward {
-    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, IntTensor<B>, FloatTensor<B>, FloatTensor<B>, f64);
+    /// The inputs by checkpoint id (recomputed under the balanced strategy when they come from
+    /// cheap ops, e.g. RoPE), the output and log-sum-exp kept.
+    type State = (NodeId, NodeId, NodeId, IntTensor<B>, FloatTensor<B>, FloatTensor<B>, f64);
 
-    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, c: &mut Checkpointer) {
         let [node_q, node_k, node_v] = ops.parents;
         let d_o = grads.consume::<B>(&ops.node);
         let (q, k, v, starts, o, lse, scale) = ops.state;
+        let (q, k, v): (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) =
+            (c.retrieve_node_output(q), c.retrieve_node_output(k), c.retrieve_node_output(v));
         let (dq, dk, dv) = B::fused_attention_bwd(q, k, v, starts, o, lse, d_o, scale);
         for (node, grad) in [(node_q, dq), (node_k, dk), (node_v, dv)] {
             if let Some(node) = node {
@@ -75,11 +79,18 @@ impl<B: Backend + FusedAttentionOps, C: CheckpointStrategy> FusedAttentionOps fo
         starts: IntTensor<Self>,
         scale: f64,
     ) -> FloatTensor<Self> {
-        let guards = [q.node(), k.node(), v.node()];
-        let (q, k, v) = (q.into_primitive(), k.into_primitive(), v.into_primitive());
-        let (o, lse) = B::fused_attention_fwd(q.clone(), k.clone(), v.clone(), starts.clone(), scale);
-        match FusedAttentionBackward.prepare::<C>(guards).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => prep.finish((q, k, v, starts, o.clone(), lse, scale), o),
+        let (o, lse) = B::fused_attention_fwd(
+            q.clone().into_primitive(),
+            k.clone().into_primitive(),
+            v.clone().into_primitive(),
+            starts.clone(),
+            scale,
+        );
+        match FusedAttentionBackward.prepare::<C>([q.node(), k.node(), v.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(mut prep) => {
+                let ids = (prep.checkpoint(&q), prep.checkpoint(&k), prep.checkpoint(&v));
+                prep.finish((ids.0, ids.1, ids.2, starts, o.clone(), lse, scale), o)
+            }
             OpsKind::UnTracked(prep) => prep.finish(o),
         }
     }

@@ -1,11 +1,17 @@
-//! Backward passes of the fused ops: each forward saves what its backward kernel needs.
+//! Backward passes of the fused ops. Each op names its inputs to Burn's checkpointer instead of
+//! holding them, so under `device.gradient_checkpointing()` (Burn's balanced strategy,
+//! `activation_checkpoint.selective_ac_option = "op"`) the cheap element-wise ops — RMSNorm,
+//! SwiGLU's `silu · mul`, RoPE — are *memory-bound*: their outputs are dropped after forward and
+//! recomputed from their inputs (`RetroForward`) when a backward needs them, while the matmuls
+//! and attention are *compute-bound*: their outputs are kept. Without the strategy every input
+//! is kept, exactly as before.
 
 use super::{AdamWStep, KernelOps};
 use burn::backend::autodiff::{
-    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
+    checkpoint::{base::Checkpointer, retro_forward::RetroForward, state::BackwardStates, strategy::CheckpointStrategy},
     grads::Gradients,
     ops::{Backward, Ops, OpsKind},
-    Autodiff,
+    Autodiff, NodeId,
 };
 use burn::backend::{tensor::FloatTensor, tensor::IntTensor, AutodiffBackend, Backend, TensorMetadata};
 use burn::tensor::Shape;
@@ -14,12 +20,13 @@ use burn::tensor::Shape;
 struct RmsNormBackward;
 
 impl<B: Backend + KernelOps> Backward<B, 2> for RmsNormBackward {
-    type State = (FloatTensor<B>, FloatTensor<B>, f32);
+    type State = (NodeId, NodeId, f32);
 
-    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _c: &mut Checkpointer) {
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, c: &mut Checkpointer) {
         let [node_x, node_w] = ops.parents;
         let dy = grads.consume::<B>(&ops.node);
         let (x, w, eps) = ops.state;
+        let (x, w): (FloatTensor<B>, FloatTensor<B>) = (c.retrieve_node_output(x), c.retrieve_node_output(w));
         let d = w.shape()[0];
         let (dx, dw_rows) = B::rms_norm_bwd(x, w, dy, eps);
         let dw = B::float_reshape(B::float_sum_dim(dw_rows, 0), Shape::new([d]));
@@ -35,12 +42,13 @@ impl<B: Backend + KernelOps> Backward<B, 2> for RmsNormBackward {
 struct SiluMulBackward;
 
 impl<B: Backend + KernelOps> Backward<B, 2> for SiluMulBackward {
-    type State = (FloatTensor<B>, FloatTensor<B>);
+    type State = (NodeId, NodeId);
 
-    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _c: &mut Checkpointer) {
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, c: &mut Checkpointer) {
         let [node_g, node_u] = ops.parents;
         let dy = grads.consume::<B>(&ops.node);
         let (g, u) = ops.state;
+        let (g, u): (FloatTensor<B>, FloatTensor<B>) = (c.retrieve_node_output(g), c.retrieve_node_output(u));
         let (dg, du) = B::silu_mul_bwd(g, u, dy);
         for (node, grad) in [(node_g, dg), (node_u, du)] {
             if let Some(node) = node {
@@ -72,12 +80,13 @@ impl<B: Backend + KernelOps> Backward<B, 1> for RopeBackward {
 struct CrossEntropyBackward;
 
 impl<B: Backend + KernelOps> Backward<B, 1> for CrossEntropyBackward {
-    type State = (FloatTensor<B>, IntTensor<B>, FloatTensor<B>);
+    type State = (NodeId, IntTensor<B>, FloatTensor<B>);
 
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _c: &mut Checkpointer) {
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, c: &mut Checkpointer) {
         let [node_logits] = ops.parents;
         let dloss = grads.consume::<B>(&ops.node);
         let (logits, targets, lse) = ops.state;
+        let logits: FloatTensor<B> = c.retrieve_node_output(logits);
         let dlogits = B::cross_entropy_bwd(logits, targets, lse, dloss);
         if let Some(node) = node_logits {
             grads.register::<B>(node.id, dlogits);
@@ -89,12 +98,13 @@ impl<B: Backend + KernelOps> Backward<B, 1> for CrossEntropyBackward {
 struct LinearBackward;
 
 impl<B: Backend + KernelOps> Backward<B, 2> for LinearBackward {
-    type State = (FloatTensor<B>, FloatTensor<B>);
+    type State = (NodeId, NodeId);
 
-    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _c: &mut Checkpointer) {
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, c: &mut Checkpointer) {
         let [node_x, node_w] = ops.parents;
         let dy = grads.consume::<B>(&ops.node);
         let (x, w) = ops.state;
+        let (x, w): (FloatTensor<B>, FloatTensor<B>) = (c.retrieve_node_output(x), c.retrieve_node_output(w));
         // dx = dy · wᵀ, dw = xᵀ · dy; the transposes are views, the products read them strided.
         if let Some(node) = node_w {
             grads.register::<B>(node.id, B::matmul(B::float_transpose(x), dy.clone()));
@@ -102,6 +112,50 @@ impl<B: Backend + KernelOps> Backward<B, 2> for LinearBackward {
         if let Some(node) = node_x {
             grads.register::<B>(node.id, B::matmul(dy, B::float_transpose(w)));
         }
+    }
+}
+
+/// Recomputes an RMSNorm output from its checkpointed input and weight.
+#[derive(Debug)]
+struct RetroRmsNorm<B: Backend> {
+    x: NodeId,
+    w: NodeId,
+    eps: f32,
+    _b: std::marker::PhantomData<B>,
+}
+
+impl<B: Backend + KernelOps> RetroForward for RetroRmsNorm<B> {
+    fn forward(&self, states: &mut BackwardStates, out: NodeId) {
+        let (x, w) = (states.get_state::<FloatTensor<B>>(&self.x), states.get_state::<FloatTensor<B>>(&self.w));
+        states.save(out, B::rms_norm_fwd(x, w, self.eps));
+    }
+}
+
+#[derive(Debug)]
+struct RetroSiluMul<B: Backend> {
+    g: NodeId,
+    u: NodeId,
+    _b: std::marker::PhantomData<B>,
+}
+
+impl<B: Backend + KernelOps> RetroForward for RetroSiluMul<B> {
+    fn forward(&self, states: &mut BackwardStates, out: NodeId) {
+        let (g, u) = (states.get_state::<FloatTensor<B>>(&self.g), states.get_state::<FloatTensor<B>>(&self.u));
+        states.save(out, B::silu_mul_fwd(g, u));
+    }
+}
+
+#[derive(Debug)]
+struct RetroRope<B: Backend> {
+    x: NodeId,
+    cos: FloatTensor<B>,
+    sin: FloatTensor<B>,
+}
+
+impl<B: Backend + KernelOps> RetroForward for RetroRope<B> {
+    fn forward(&self, states: &mut BackwardStates, out: NodeId) {
+        let x = states.get_state::<FloatTensor<B>>(&self.x);
+        states.save(out, B::rope_fwd(x, self.cos.clone(), self.sin.clone()));
     }
 }
 
@@ -121,11 +175,13 @@ impl<B: Backend + KernelOps, C: CheckpointStrategy> KernelOps for Autodiff<B, C>
     }
 
     fn rms_norm(x: FloatTensor<Self>, w: FloatTensor<Self>, eps: f32) -> FloatTensor<Self> {
-        let guards = [x.node(), w.node()];
-        let (x, w) = (x.into_primitive(), w.into_primitive());
-        let y = B::rms_norm_fwd(x.clone(), w.clone(), eps);
-        match RmsNormBackward.prepare::<C>(guards).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => prep.finish((x, w, eps), y),
+        let y = B::rms_norm_fwd(x.clone().into_primitive(), w.clone().into_primitive(), eps);
+        let retro = RetroRmsNorm::<B> { x: x.node().id(), w: w.node().id(), eps, _b: Default::default() };
+        match RmsNormBackward.prepare::<C>([x.node(), w.node()]).memory_bound().retro_forward(retro).parents([&x, &w]).stateful() {
+            OpsKind::Tracked(mut prep) => {
+                let state = (prep.checkpoint(&x), prep.checkpoint(&w), eps);
+                prep.finish(state, y)
+            }
             OpsKind::UnTracked(prep) => prep.finish(y),
         }
     }
@@ -144,11 +200,14 @@ impl<B: Backend + KernelOps, C: CheckpointStrategy> KernelOps for Autodiff<B, C>
     }
 
     fn silu_mul(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
-        let guards = [gate.node(), up.node()];
-        let (g, u) = (gate.into_primitive(), up.into_primitive());
-        let y = B::silu_mul_fwd(g.clone(), u.clone());
-        match SiluMulBackward.prepare::<C>(guards).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => prep.finish((g, u), y),
+        let y = B::silu_mul_fwd(gate.clone().into_primitive(), up.clone().into_primitive());
+        let retro = RetroSiluMul::<B> { g: gate.node().id(), u: up.node().id(), _b: Default::default() };
+        let prep = SiluMulBackward.prepare::<C>([gate.node(), up.node()]).memory_bound().retro_forward(retro);
+        match prep.parents([&gate, &up]).stateful() {
+            OpsKind::Tracked(mut prep) => {
+                let state = (prep.checkpoint(&gate), prep.checkpoint(&up));
+                prep.finish(state, y)
+            }
             OpsKind::UnTracked(prep) => prep.finish(y),
         }
     }
@@ -158,10 +217,11 @@ impl<B: Backend + KernelOps, C: CheckpointStrategy> KernelOps for Autodiff<B, C>
     }
 
     fn rope(x: FloatTensor<Self>, cos: FloatTensor<Self>, sin: FloatTensor<Self>) -> FloatTensor<Self> {
-        let guards = [x.node()];
         let (cos, sin) = (cos.into_primitive(), sin.into_primitive());
-        let y = B::rope_fwd(x.into_primitive(), cos.clone(), sin.clone());
-        match RopeBackward.prepare::<C>(guards).compute_bound().stateful() {
+        let y = B::rope_fwd(x.clone().into_primitive(), cos.clone(), sin.clone());
+        let retro = RetroRope::<B> { x: x.node().id(), cos: cos.clone(), sin: sin.clone() };
+        // The backward needs only the tables (a rotation's transpose), not `x`.
+        match RopeBackward.prepare::<C>([x.node()]).memory_bound().retro_forward(retro).parents([&x]).stateful() {
             OpsKind::Tracked(prep) => prep.finish((cos, sin), y),
             OpsKind::UnTracked(prep) => prep.finish(y),
         }
@@ -186,11 +246,12 @@ impl<B: Backend + KernelOps, C: CheckpointStrategy> KernelOps for Autodiff<B, C>
     }
 
     fn cross_entropy(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
-        let guards = [logits.node()];
-        let logits = logits.into_primitive();
-        let (loss, lse) = B::cross_entropy_fwd(logits.clone(), targets.clone());
-        match CrossEntropyBackward.prepare::<C>(guards).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => prep.finish((logits, targets, lse), loss),
+        let (loss, lse) = B::cross_entropy_fwd(logits.clone().into_primitive(), targets.clone());
+        match CrossEntropyBackward.prepare::<C>([logits.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(mut prep) => {
+                let state = (prep.checkpoint(&logits), targets, lse);
+                prep.finish(state, loss)
+            }
             OpsKind::UnTracked(prep) => prep.finish(loss),
         }
     }
@@ -212,11 +273,12 @@ impl<B: Backend + KernelOps, C: CheckpointStrategy> KernelOps for Autodiff<B, C>
     }
 
     fn linear(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
-        let guards = [x.node(), w.node()];
-        let (x, w) = (x.into_primitive(), w.into_primitive());
-        let y = B::matmul(x.clone(), w.clone());
-        match LinearBackward.prepare::<C>(guards).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => prep.finish((x, w), y),
+        let y = B::matmul(x.clone().into_primitive(), w.clone().into_primitive());
+        match LinearBackward.prepare::<C>([x.node(), w.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(mut prep) => {
+                let state = (prep.checkpoint(&x), prep.checkpoint(&w));
+                prep.finish(state, y)
+            }
             OpsKind::UnTracked(prep) => prep.finish(y),
         }
     }

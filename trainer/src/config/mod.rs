@@ -87,11 +87,9 @@ impl ActivationCheckpoint {
             "full" => Ok(Checkpointing::Full),
             "selective" => match self.selective_ac_option.trim().parse::<usize>() {
                 Ok(n) if n >= 1 => Ok(if n == 1 { Checkpointing::Full } else { Checkpointing::EveryNth(n) }),
-                _ if self.selective_ac_option == "op" => Err(
-                    "`activation_checkpoint.selective_ac_option` = \"op\" is not supported yet; use a block frequency such as \"2\" (every 2nd block), or `activation_checkpoint.mode` = \"full\"".into(),
-                ),
+                _ if self.selective_ac_option == "op" => Ok(Checkpointing::Ops),
                 _ => Err(format!(
-                    "`activation_checkpoint.selective_ac_option` = {:?} is not a block frequency; use a positive integer N as a string (\"2\": every 2nd block is checkpointed)",
+                    "`activation_checkpoint.selective_ac_option` = {:?} is not a block frequency; use a positive integer N as a string (\"2\": every 2nd block is checkpointed) or \"op\" (keep matmul and attention outputs, recompute the element-wise ops)",
                     self.selective_ac_option
                 )),
             },

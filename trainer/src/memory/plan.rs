@@ -103,6 +103,15 @@ impl Widths {
         (residual + full as f64) * elem as f64 + 4.0 * self.heads as f64
     }
 
+    /// Bytes a block keeps per token under op-level selective checkpointing: the outputs of its
+    /// compute-bound ops — the q, k, v projections, the attention output (and its log-sum-exp),
+    /// the `wo` and `w2` outputs, the FFN's gate and up projections; norms, RoPE, `silu · mul`,
+    /// the residual adds and copies are recomputed.
+    fn ops(&self, elem: u64) -> f64 {
+        let kept = self.q + 2 * self.kv + self.q + 2 * self.f;
+        (kept as f64 + 2.0 * self.d as f64 * self.residual_share) * elem as f64 + 4.0 * self.heads as f64
+    }
+
     /// Bytes a checkpointed block keeps per token: its input.
     fn checkpointed(&self, elem: u64) -> f64 {
         self.d as f64 * self.residual_share * elem as f64
@@ -159,7 +168,11 @@ pub fn rank_memory(cfg: &JobConfig, args: &ModelArgs, dims: &ParallelDims, pp_ra
             }
         }
         for l in layout.split.layers[stage].clone() {
-            chunk_act += if ac.covers(l) { w.checkpointed(elem) } else { w.block(elem) };
+            chunk_act += match ac {
+                Checkpointing::Ops => w.ops(elem),
+                _ if ac.covers(l) => w.checkpointed(elem),
+                _ => w.block(elem),
+            };
         }
         // The last stage (it has the final norm) makes the logits, tied head or not.
         if chunk.norm.is_some() {
@@ -231,5 +244,6 @@ pub fn describe(ac: Checkpointing) -> String {
         Checkpointing::None => "no activation checkpointing".into(),
         Checkpointing::Full => "every block checkpointed".into(),
         Checkpointing::EveryNth(n) => format!("one block in every {n} checkpointed"),
+        Checkpointing::Ops => "op-level selective checkpointing (matmul and attention outputs kept)".into(),
     }
 }

@@ -150,6 +150,9 @@ impl ModuleMapper for Update<'_> {
             return param;
         };
         let (id, tensor, mapper) = param.consume();
+        // The updated value re-enters autodiff with the parameter's checkpointing strategy
+        // (op-level selective AC runs every tensor under Burn's balanced strategy).
+        let strategy = tensor.gradient_checkpointing_strategy();
         let shape = tensor.shape();
         let n = shape.num_elements();
         let g = grad.reshape([n]);
@@ -162,7 +165,11 @@ impl ModuleMapper for Update<'_> {
             .unwrap_or_else(|| Moments { exp_avg: g.zeros_like(), exp_avg_sq: g.zeros_like() });
         let (p, exp_avg, exp_avg_sq) = titan_kernels::adamw(p, g, m.exp_avg, m.exp_avg_sq, self.h, self.opt.cfg.fused);
         self.opt.state.insert(path, Moments { exp_avg, exp_avg_sq });
-        let updated = Tensor::from_inner(p.reshape(shape)).require_grad();
+        let mut updated = Tensor::from_inner(p.reshape(shape));
+        if let Some(s) = strategy {
+            updated = updated.with_gradient_checkpointing_strategy(s);
+        }
+        let updated = updated.require_grad();
         Param::from_mapped_value(id, updated, mapper)
     }
 }
