@@ -74,3 +74,17 @@ fn bench_kernels_checks_every_kernel_on_the_device() {
         assert!(err <= 1e-5, "{r}");
     }
 }
+
+/// The fit check on a GPU device: `1B` (50 GiB planned at seq_len 2048) with 30 GiB of device memory (stated with
+/// `training.device_memory_gib`, as the software adapter has no driver to ask) is refused
+/// before anything is allocated, naming the device, where the number came from and the levers.
+#[test]
+fn a_model_too_large_for_the_gpu_is_refused_before_allocating() {
+    let t = std::time::Instant::now();
+    let o = titan(&[
+        "train", "--config", "configs/llama_debug.toml", "--model.flavor", "1B", "--training.device", "wgpu",
+        "--training.device_memory_gib", "30", "--training.seq_len", "2048",
+    ]);
+    assert_clean_error(&o, &["does not fit", "the wgpu device 0", "`training.device_memory_gib`", "activation_checkpoint.mode", "training.memory_check = false"]);
+    assert!(t.elapsed().as_secs() < 30, "took {:?}", t.elapsed());
+}

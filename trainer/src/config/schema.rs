@@ -111,9 +111,11 @@ section!(Training {
     cache_dir: String = ".cache/titan-rs".into(),
     /// CPU threads for the math (0 = all cores).
     threads: i64 = 0,
-    /// Refuse a job whose parameters, gradients and optimizer state alone exceed the host's
-    /// available memory (CPU), before allocating anything.
+    /// Refuse a job whose planned peak (`titan-rs plan`) exceeds the host's available memory
+    /// (CPU) or the GPU's memory, before allocating anything.
     memory_check: bool = true,
+    /// The GPU's memory in GiB for the fit check; 0 = ask the driver (nvidia-smi, amdgpu sysfs).
+    device_memory_gib: f64 = 0.0,
 });
 
 section!(Parallelism {

@@ -79,10 +79,27 @@ pub fn breakdown(m: &RankMemory) -> String {
 /// Refuses a job whose planned peak exceeds the memory available on this host, with the
 /// breakdown and the levers. `training.memory_check = false` skips it.
 pub fn check_fits(cfg: &JobConfig, dims: &ParallelDims, ranks_here: Option<usize>) -> Result<()> {
-    if !cfg.training.memory_check || cfg.training.device != "cpu" {
+    if !cfg.training.memory_check {
         return Ok(());
     }
-    let Some(available) = available_bytes() else { return Ok(()) };
+    let gpu = cfg.training.device != "cpu";
+    let (available, source) = if gpu {
+        match device_memory(cfg) {
+            Some(m) => m,
+            None => {
+                tracing::warn!(
+                    "cannot tell the memory of `training.device` = {:?} (no nvidia-smi, no amdgpu sysfs entry): the fit check is skipped; set `training.device_memory_gib` to check",
+                    cfg.training.device
+                );
+                return Ok(());
+            }
+        }
+    } else {
+        match available_bytes() {
+            Some(a) => (a, "MemAvailable".to_string()),
+            None => return Ok(()),
+        }
+    };
     let (need, per_stage) = host_bytes(cfg, dims, ranks_here)?;
     if need <= available {
         return Ok(());
@@ -101,17 +118,40 @@ pub fn check_fits(cfg: &JobConfig, dims: &ParallelDims, ranks_here: Option<usize
         .collect();
     let state: u64 = per_stage.iter().map(|(n, m)| *n as u64 * m.state()).sum();
     let hint = if state > available {
-        "float32 parameters, gradients and AdamW moments alone take 16 bytes per parameter wherever they live; ranks that are threads of one process share its host, so sharding them (FSDP, TP, PP) moves memory between ranks but not off the host. To fit: run the ranks on more hosts (`mpirun` with `parallelism.data_parallel_shard_degree`, `tensor_parallel_degree` or `pipeline_parallel_degree` across them), or choose a smaller `model.flavor`"
+        "float32 parameters, gradients and AdamW moments alone take 16 bytes per parameter wherever they live; ranks that share a host (threads of one process, or one device) share its memory, so sharding them (FSDP, TP, PP) moves memory between ranks but not off the host or device. To fit: run the ranks on more hosts or devices (`mpirun` with `parallelism.data_parallel_shard_degree`, `tensor_parallel_degree` or `pipeline_parallel_degree` across them), or choose a smaller `model.flavor`"
     } else {
-        "to fit: checkpoint activations (`activation_checkpoint.mode` = \"full\", or \"selective\" with `selective_ac_option` = \"2\"), lower `training.local_batch_size` or `training.seq_len`, compute in `training.mixed_precision_param` = \"bfloat16\", use more pipeline microbatches (`parallelism.num_pp_microbatches`, schedule \"1F1B\"), or spread the ranks over more hosts"
+        "to fit: checkpoint activations (`activation_checkpoint.mode` = \"full\", or \"selective\" with `selective_ac_option` = \"2\" or \"op\"), lower `training.local_batch_size` or `training.seq_len`, compute in `training.mixed_precision_param` = \"bfloat16\", use more pipeline microbatches (`parallelism.num_pp_microbatches`, schedule \"1F1B\"), or spread the ranks over more hosts"
     };
+    let place = if gpu { format!("the {} device {}", cfg.training.device, cfg.training.device_index) } else { "this host".into() };
     bail!(
-        "`model.flavor` = {:?} does not fit: this host's ranks need about {:.1} GiB at the peak of a step and {:.1} GiB is available (MemAvailable):\n{}\n{hint}; `training.memory_check = false` skips this check.",
+        "`model.flavor` = {:?} does not fit: {place}'s ranks need about {:.1} GiB at the peak of a step and {:.1} GiB is available ({source}):\n{}\n{hint}; `training.memory_check = false` skips this check.",
         cfg.model.flavor,
         gib(need),
         gib(available),
         lines.join("\n")
     )
+}
+
+/// The memory of the configured GPU and where the number came from: `training.device_memory_gib`
+/// when set, else `nvidia-smi`, else the amdgpu driver's sysfs entry; `None` when none tells.
+pub fn device_memory(cfg: &JobConfig) -> Option<(u64, String)> {
+    let t = &cfg.training;
+    if t.device_memory_gib > 0.0 {
+        return Some(((t.device_memory_gib * (1u64 << 30) as f64) as u64, "`training.device_memory_gib`".into()));
+    }
+    let i = t.device_index.max(0);
+    let smi = std::process::Command::new("nvidia-smi")
+        .args(["--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", &i.to_string()])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<u64>().ok());
+    if let Some(mib) = smi {
+        return Some((mib << 20, "nvidia-smi".into()));
+    }
+    let sysfs = format!("/sys/class/drm/card{i}/device/mem_info_vram_total");
+    let bytes = std::fs::read_to_string(&sysfs).ok()?.trim().parse::<u64>().ok()?;
+    Some((bytes, sysfs))
 }
 
 #[cfg(test)]
