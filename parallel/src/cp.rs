@@ -138,35 +138,19 @@ fn merge(o: &mut [f32], lse: &mut [f32], o2: &[f32], lse2: &[f32], d: usize) {
 }
 
 /// `[b, kv, 2L, d]` blocks of every rank (gathered in rank order) → `[b, kv, T, d]` in global
-/// position order, and back.
-fn to_global(blocks: &[f32], s: &CpSpec, n: Dims) -> Vec<f32> {
+/// position order (`to_global`), or back.
+fn reorder(x: &[f32], s: &CpSpec, n: Dims, to_global: bool) -> Vec<f32> {
     let (l, d, c) = (n.tk / 2, n.d, s.degree);
     let per_rank = n.b * n.kv * n.tk * d;
-    let mut out = vec![0f32; blocks.len()];
+    let mut out = vec![0f32; x.len()];
     let t = 2 * c * l;
     for r in 0..c {
         for (half, &chunk) in s.chunks(r).iter().enumerate() {
             for bh in 0..n.b * n.kv {
-                let from = r * per_rank + (bh * n.tk + half * l) * d;
-                let to = (bh * t + chunk * l) * d;
-                out[to..to + l * d].copy_from_slice(&blocks[from..from + l * d]);
-            }
-        }
-    }
-    out
-}
-
-fn from_global(full: &[f32], s: &CpSpec, n: Dims) -> Vec<f32> {
-    let (l, d, c) = (n.tk / 2, n.d, s.degree);
-    let per_rank = n.b * n.kv * n.tk * d;
-    let mut out = vec![0f32; full.len()];
-    let t = 2 * c * l;
-    for r in 0..c {
-        for (half, &chunk) in s.chunks(r).iter().enumerate() {
-            for bh in 0..n.b * n.kv {
-                let to = r * per_rank + (bh * n.tk + half * l) * d;
-                let from = (bh * t + chunk * l) * d;
-                out[to..to + l * d].copy_from_slice(&full[from..from + l * d]);
+                let blocked = r * per_rank + (bh * n.tk + half * l) * d;
+                let global = (bh * t + chunk * l) * d;
+                let (from, to) = if to_global { (blocked, global) } else { (global, blocked) };
+                out[to..to + l * d].copy_from_slice(&x[from..from + l * d]);
             }
         }
     }
@@ -178,7 +162,7 @@ fn gather_kv(k: &[f32], v: &[f32], s: &CpSpec, n: Dims, c: &dyn Communicator) ->
     let all = |x: &[f32]| {
         let mut g = vec![0f32; x.len() * s.degree];
         c.all_gather(x, &mut g).expect("context parallel: all-gather K/V");
-        to_global(&g, s, n)
+        reorder(&g, s, n, true)
     };
     let (kf, vf) = (all(k), all(v));
     (kf, vf, Dims { tk: n.tk * s.degree, ..n })
@@ -239,7 +223,7 @@ fn backward_host(
             let (dq, dkf, dvf) = cpu::backward(q, &kf, &vf, &Windows { lo: &lo, hi: &hi, t: n.t }, o, lse, d_o, nf, scale);
             // Every rank's partial dK/dV for every position, summed back onto the owners.
             let scatter = |full: &[f32]| {
-                let blocks = from_global(full, s, n);
+                let blocks = reorder(full, s, n, false);
                 let mut mine = vec![0f32; k.len()];
                 c.reduce_scatter(&blocks, &mut mine, crate::ReduceOp::Sum).expect("context parallel: reduce-scatter dK/dV");
                 mine
@@ -327,11 +311,6 @@ fn like(v: Vec<f32>, shape: Vec<usize>, dtype: DType, like: &FloatTensor<Flex>) 
     Flex::float_from_data(TensorData::new(v, shape).convert_dtype(dtype), &like.device())
 }
 
-fn dims(q: &FloatTensor<Flex>, k: &FloatTensor<Flex>) -> Dims {
-    let (qs, ks) = (q.shape(), k.shape());
-    Dims { b: qs[0], h: qs[1], kv: ks[1], t: qs[2], tk: ks[2], d: qs[3] }
-}
-
 impl ContextAttentionOps for Flex {
     fn cp_attention_fwd(
         q: FloatTensor<Self>,
@@ -340,7 +319,7 @@ impl ContextAttentionOps for Flex {
         starts: IntTensor<Self>,
         spec: CpSpec,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (n, dtype, dev) = (dims(&q, &k), q.dtype(), q.clone());
+        let (n, dtype, dev) = (Dims::of(&q.shape(), &k.shape()), q.dtype(), q.clone());
         let scale = 1.0 / (n.d as f32).sqrt();
         let (o, lse) = forward_host(&host_f32(q), &host_f32(k), &host_f32(v), &host_i64(starts), n, &spec, scale);
         (like(o, vec![n.b, n.h, n.t, n.d], dtype, &dev), like(lse, vec![n.b, n.h, n.t], DType::F32, &dev))
@@ -356,7 +335,7 @@ impl ContextAttentionOps for Flex {
         d_o: FloatTensor<Self>,
         spec: CpSpec,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (n, dtype, dev) = (dims(&q, &k), q.dtype(), q.clone());
+        let (n, dtype, dev) = (Dims::of(&q.shape(), &k.shape()), q.dtype(), q.clone());
         let scale = 1.0 / (n.d as f32).sqrt();
         let (dq, dk, dv) = backward_host(
             &host_f32(q),

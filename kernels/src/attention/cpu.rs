@@ -38,6 +38,11 @@ pub struct Dims {
 }
 
 impl Dims {
+    /// The shapes of `q: [b, h, t, d]` and `k: [b, kv, tk, d]`.
+    pub fn of(q: &[usize], k: &[usize]) -> Self {
+        Self { b: q[0], h: q[1], kv: k[1], t: q[2], tk: k[2], d: q[3] }
+    }
+
     /// Self-attention shapes: as many keys as queries.
     pub fn square(b: usize, h: usize, kv: usize, t: usize, d: usize) -> Self {
         Self { b, h, kv, t, tk: t, d }

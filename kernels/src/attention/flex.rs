@@ -10,8 +10,7 @@ use burn::backend::{
 };
 
 fn dims(q: &FloatTensor<Flex>, k: &FloatTensor<Flex>) -> Dims {
-    let (qs, ks) = (q.shape(), k.shape());
-    Dims { b: qs[0], h: qs[1], kv: ks[1], t: qs[2], tk: ks[2], d: qs[3] }
+    Dims::of(&q.shape(), &k.shape())
 }
 
 impl FusedAttentionOps for Flex {
