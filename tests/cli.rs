@@ -87,7 +87,7 @@ fn shipped_tokenizer_round_trips_the_corpus() {
 fn bench_comm_checks_every_collective_on_four_ranks() {
     // The full sweep, 1 KiB to 64 MiB (9 sizes), every result checked by the binary.
     let out = assert_ok(&titan(&["bench", "comm", "--nproc", "4", "--iters", "1"]));
-    for op in ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"] {
+    for op in ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "all_to_all"] {
         let rows = out.lines().filter(|l| l.starts_with(&format!("| {op} |"))).count();
         assert_eq!(rows, 9, "{op} rows (1 KiB..64 MiB):\n{out}");
     }

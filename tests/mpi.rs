@@ -20,7 +20,7 @@ fn bench_comm_under_mpirun_checks_every_collective() {
         let o = mpirun(np, &["bench", "comm", "--max-mib", "4", "--iters", "2"]);
         let out = assert_ok(&o);
         assert!(out.contains(&format!("mpi (one rank per process) backend, {np} ranks")), "{out}");
-        for op in ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"] {
+        for op in ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "all_to_all"] {
             assert_eq!(out.lines().filter(|l| l.starts_with(&format!("| {op} |"))).count(), 7, "{op}:\n{out}");
         }
     }

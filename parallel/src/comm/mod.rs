@@ -118,6 +118,10 @@ impl Element for u8 {
     const DTYPE: DType = DType::U8;
 }
 
+/// The point-to-point tag of [`CommExt::all_to_all`]'s parts (apart from the pipeline's and the
+/// context-parallel ring's).
+pub const ALL_TO_ALL_TAG: u32 = 1 << 23;
+
 /// Typed collectives on any communicator.
 pub trait CommExt: Communicator {
     fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> CommResult<()> {
@@ -138,6 +142,42 @@ pub trait CommExt: Communicator {
     fn recv<T: Element>(&self, buf: &mut [T], src: usize, tag: u32) -> CommResult<()> {
         self.recv_bytes(bytemuck::cast_slice_mut(buf), T::DTYPE, src, tag)
     }
+    /// All-to-all with parts of any size (MPI's `Alltoallv`; expert parallelism's token
+    /// dispatch and combine): rank `r` sends `parts[j]` to rank `j` and gets back `out[i]`, the
+    /// part rank `i` addressed to it (its own part is copied). Every rank's part sizes are
+    /// all-gathered first (so receivers know them and empty parts send nothing), then the parts
+    /// go point to point — the checked, timed send/recv of the backend, non-blocking sends, so
+    /// there is no ordering deadlock.
+    fn all_to_all<T: Element>(&self, parts: &[Vec<T>]) -> CommResult<Vec<Vec<T>>> {
+        let (n, me) = (self.size(), self.rank());
+        if parts.len() != n {
+            return Err(CommError::Mismatch(format!("all_to_all: {} parts for {n} ranks", parts.len())));
+        }
+        let counts: Vec<u8> = parts.iter().flat_map(|p| (p.len() as u64).to_le_bytes()).collect();
+        let mut all = vec![0u8; counts.len() * n];
+        self.all_gather(&counts, &mut all)?;
+        let count = |from: usize, to: usize| {
+            let at = (from * n + to) * 8;
+            u64::from_le_bytes(all[at..at + 8].try_into().expect("8 bytes")) as usize
+        };
+        for (j, part) in parts.iter().enumerate() {
+            if j != me && !part.is_empty() {
+                self.send(part, j, ALL_TO_ALL_TAG)?;
+            }
+        }
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let mut got = vec![T::zeroed(); count(i, me)];
+            if i == me {
+                got.copy_from_slice(&parts[me]);
+            } else if !got.is_empty() {
+                self.recv(&mut got, i, ALL_TO_ALL_TAG)?;
+            }
+            out.push(got);
+        }
+        Ok(out)
+    }
+
     /// Every rank's `send` (of any length), in rank order: the lengths are gathered first,
     /// then the messages padded to the longest.
     fn all_gather_varlen(&self, send: &[u8]) -> CommResult<Vec<Vec<u8>>> {

@@ -233,3 +233,40 @@ fn receiving_the_wrong_size_is_a_mismatch() {
     .to_string();
     assert!(e.contains("rank 0 sent send(F32 × 3) with tag 0 but rank 1 expects send(F32 × 4)"), "{e}");
 }
+
+/// All-to-all on 2, 3 and 4 ranks with uneven parts, empty parts (rank r sends nothing to rank
+/// r + 1), its own part, twice in a row (the second's messages must not mix with the first's),
+/// in f32 and bf16 — and a wrong part count is an error.
+#[test]
+fn all_to_all_moves_uneven_and_empty_parts() {
+    let part = |from: usize, to: usize, round: usize, world: usize| -> Vec<f32> {
+        let len = if to == (from + 1) % world { 0 } else { 1 + (from * 5 + to * 3 + round) % 7 };
+        (0..len).map(|i| (from * 100 + to * 10 + i + round * 1000) as f32).collect()
+    };
+    for world in [2, 3, 4] {
+        let out = run_ranks(world, T, |c| {
+            let r = c.rank();
+            let mut got = Vec::new();
+            for round in 0..2 {
+                let parts: Vec<Vec<f32>> = (0..world).map(|to| part(r, to, round, world)).collect();
+                got.push(c.all_to_all(&parts)?);
+            }
+            let halves: Vec<Vec<bf16>> = (0..world).map(|to| vec![bf16::from_f32((r * 10 + to) as f32); to + 1]).collect();
+            let h = c.all_to_all(&halves)?;
+            let e = c.all_to_all(&halves[..world - 1]).unwrap_err().to_string();
+            Ok((got, h, e))
+        })
+        .unwrap();
+        for (r, (got, h, e)) in out.into_iter().enumerate() {
+            for (round, recv) in got.iter().enumerate() {
+                for (from, p) in recv.iter().enumerate() {
+                    assert_eq!(*p, part(from, r, round, world), "world {world}, round {round}, {from} → {r}");
+                }
+            }
+            for (from, p) in h.iter().enumerate() {
+                assert_eq!(*p, vec![bf16::from_f32((from * 10 + r) as f32); r + 1]);
+            }
+            assert!(e.contains("parts for"), "{e}");
+        }
+    }
+}

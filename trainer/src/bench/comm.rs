@@ -15,7 +15,7 @@ pub struct Row {
     pub busbw_gbs: f64,
 }
 
-pub const OPS: &[&str] = &["all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"];
+pub const OPS: &[&str] = &["all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "all_to_all"];
 
 /// Exact in f32 whatever the sum order: small integers.
 fn value(rank: usize, i: usize) -> f32 {
@@ -67,6 +67,15 @@ fn run_op(c: &dyn Communicator, op: &str, n: usize, iters: usize) -> Result<f64>
                 c.recv(&mut got, (r + size - 1) % size, 0)?;
                 check(op, bytes, &got, |i| value((r + size - 1) % size, i))?;
             }
+            "all_to_all" => {
+                // `n` f32 per rank in `size` parts (the last takes the remainder).
+                let cut = |j: usize| j * n / size;
+                let parts: Vec<Vec<f32>> = (0..size).map(|j| mine[cut(j)..cut(j + 1)].to_vec()).collect();
+                let got = c.all_to_all(&parts)?;
+                for (from, p) in got.iter().enumerate() {
+                    check(op, bytes, p, |i| value(from, cut(r) + i))?;
+                }
+            }
             _ => bail!("unknown collective {op}"),
         }
         best = best.min(t.elapsed().as_secs_f64());
@@ -78,7 +87,7 @@ fn bus_factor(op: &str, n: usize) -> f64 {
     let n = n as f64;
     match op {
         "all_reduce" => 2.0 * (n - 1.0) / n,
-        "all_gather" | "reduce_scatter" => (n - 1.0) / n,
+        "all_gather" | "reduce_scatter" | "all_to_all" => (n - 1.0) / n,
         _ => 1.0,
     }
 }
