@@ -269,10 +269,10 @@ fn run(cli: Cli) -> Result<()> {
             }
             set_threads(&cfg)?;
             let s = train::run(cfg, log_rank, nproc)?;
-            if let Some(v) = s.final_val_loss {
-                println!("done at step {}: validation loss {v:.4}", s.last_step);
-            } else if let Some(l) = s.final_loss {
-                println!("done at step {}: loss {l:.4}", s.last_step);
+            match (s.logs, s.final_val_loss, s.final_loss) {
+                (true, Some(v), _) => println!("done at step {}: validation loss {v:.4}", s.last_step),
+                (true, None, Some(l)) => println!("done at step {}: loss {l:.4}", s.last_step),
+                _ => {}
             }
         }
         Command::Config(a) => print!("{}", to_toml(&a.load()?)),

@@ -12,6 +12,9 @@ use titan_parallel::{run_ranks_or_exit, MeshGroups, ParallelDims};
 /// What a finished run reports.
 #[derive(Debug)]
 pub struct Summary {
+    /// This rank is the one that logs (under MPI every process returns its own summary; only
+    /// the logging rank's is printed).
+    pub logs: bool,
     pub last_step: u64,
     pub final_loss: Option<f64>,
     pub final_val_loss: Option<f64>,
@@ -246,7 +249,7 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
                 t.step
             );
         }
-        return Ok(Summary { last_step: t.step, final_loss: None, final_val_loss: None });
+        return Ok(Summary { logs, last_step: t.step, final_loss: None, final_val_loss: None });
     }
     let mut log = start_logging(&t, &dump, steps, logs)?;
     let console = |log: &Option<MetricsLogger>, line: &str| {
@@ -318,7 +321,7 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
         }
     }
     let Some(log) = log.filter(|_| logs) else {
-        return Ok(Summary { last_step: t.step, final_loss, final_val_loss: final_val });
+        return Ok(Summary { logs, last_step: t.step, final_loss, final_val_loss: final_val });
     };
     log.finish();
     let plotted_at_last_checkpoint = cfg.checkpoint.enable && t.step == steps;
@@ -327,7 +330,7 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
             println!("training curves: {png}");
         }
     }
-    Ok(Summary { last_step: t.step, final_loss: log.history.last().map(|h| h.1), final_val_loss: final_val })
+    Ok(Summary { logs, last_step: t.step, final_loss: log.history.last().map(|h| h.1), final_val_loss: final_val })
 }
 
 #[cfg(test)]
