@@ -16,12 +16,14 @@
 pub mod attention;
 #[cfg(feature = "cube")]
 pub mod cube;
+pub mod grouped;
 pub mod host;
 pub mod ops;
 pub mod reference;
 pub mod trace_mark;
 
 pub use attention::{block_causal_attention, causal_attention};
+pub use grouped::grouped_matmul;
 pub use trace_mark::backward_boundary;
 use burn::prelude::*;
 

@@ -22,10 +22,53 @@ pub struct ModelArgs {
     pub ffn_hidden: Option<usize>,
     /// The output head is the embedding table (Llama-3.2 1B/3B).
     pub tie_word_embeddings: bool,
+    /// Mixture-of-experts FFNs (after the first `n_dense_layers` blocks); `None`: dense.
+    pub moe: Option<MoeArgs>,
+}
+
+/// How router logits become scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScoreFunc {
+    Softmax,
+    Sigmoid,
+}
+
+/// The mixture-of-experts part of a model (TorchTitan's `MoEArgs`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MoeArgs {
+    /// Routed experts per MoE layer.
+    pub num_experts: usize,
+    /// Experts each token is routed to.
+    pub top_k: usize,
+    /// Hidden units of one expert (shared experts: this times `num_shared_experts`).
+    pub hidden_dim: usize,
+    pub num_shared_experts: usize,
+    /// The first blocks keep a dense FFN (DeepSeek-V3: 3).
+    pub n_dense_layers: usize,
+    pub score_func: ScoreFunc,
+    /// Normalise the chosen experts' scores to sum to 1.
+    pub route_norm: bool,
+    pub route_scale: f64,
+    /// Aux-loss-free balancing: the bias step per optimizer step (0 disables).
+    pub load_balance_coeff: f64,
+}
+
+impl MoeArgs {
+    /// Parameters of one MoE FFN: router, routed experts, shared experts, balancing bias.
+    pub fn params(&self, dim: usize) -> usize {
+        let expert = 3 * dim * self.hidden_dim;
+        dim * self.num_experts + expert * (self.num_experts + self.num_shared_experts) + self.num_experts
+    }
+
+    /// Of [`Self::params`], those one token uses: router, its `top_k` experts, the shared ones.
+    pub fn active_params(&self, dim: usize) -> usize {
+        dim * self.num_experts + 3 * dim * self.hidden_dim * (self.top_k + self.num_shared_experts)
+    }
 }
 
 /// Flavor names accepted by `model.flavor`.
-pub const FLAVORS: &[&str] = &["tiny", "debugmodel", "small", "1B", "3B", "8B", "70B", "405B"];
+pub const FLAVORS: &[&str] = &["tiny", "debugmodel", "small", "1B", "3B", "8B", "70B", "405B", "moe_debug", "moe_1B"];
 
 impl ModelArgs {
     fn base(dim: usize, n_layers: usize, n_heads: usize, n_kv_heads: usize, vocab_size: usize) -> Self {
@@ -42,7 +85,13 @@ impl ModelArgs {
             rope_scaling: None,
             ffn_hidden: None,
             tie_word_embeddings: false,
+            moe: None,
         }
+    }
+
+    fn with_moe(mut self, m: MoeArgs) -> Self {
+        self.moe = Some(m);
+        self
     }
 
     fn ffn(mut self, multiplier: f64, multiple_of: usize) -> Self {
@@ -58,6 +107,11 @@ impl ModelArgs {
     /// * `small`: dim 768, 12 layers, 12 heads, 4 kv heads, vocab 2048 (≈ 78.7 M parameters),
     ///   sized for the shipped 2 048-token tokenizer.
     /// * `1B` … `405B`: Llama-3.x shapes with the Llama-3 vocabulary (128 256) and an untied head.
+    /// * `moe_debug`: TorchTitan's DeepSeek-V3 debug shape — dim 256, 3 layers (the first
+    ///   dense), 8 experts of 256 hidden units, top 3, 2 shared experts.
+    /// * `moe_1B`: ≈ 1.0 B parameters of which ≈ 0.30 B active per token — dim 1024, 12 layers
+    ///   (the first dense), 32 experts of 832 hidden units, top 7, 2 shared; the shipped
+    ///   2 048-token vocabulary.
     pub fn flavor(name: &str) -> Option<Self> {
         const LLAMA3_VOCAB: usize = 128_256;
         Some(match name {
@@ -69,6 +123,28 @@ impl ModelArgs {
             "8B" => Self::base(4096, 32, 32, 8, LLAMA3_VOCAB).ffn(1.3, 1024),
             "70B" => Self::base(8192, 80, 64, 8, LLAMA3_VOCAB).ffn(1.3, 4096),
             "405B" => Self::base(16384, 126, 128, 8, LLAMA3_VOCAB).ffn(1.2, 4096),
+            "moe_debug" => Self::base(256, 3, 16, 16, 2048).with_moe(MoeArgs {
+                num_experts: 8,
+                top_k: 3,
+                hidden_dim: 256,
+                num_shared_experts: 2,
+                n_dense_layers: 1,
+                score_func: ScoreFunc::Softmax,
+                route_norm: false,
+                route_scale: 1.0,
+                load_balance_coeff: 1e-3,
+            }),
+            "moe_1B" => Self::base(1024, 12, 16, 8, 2048).with_moe(MoeArgs {
+                num_experts: 32,
+                top_k: 7,
+                hidden_dim: 832,
+                num_shared_experts: 2,
+                n_dense_layers: 1,
+                score_func: ScoreFunc::Sigmoid,
+                route_norm: true,
+                route_scale: 1.0,
+                load_balance_coeff: 1e-3,
+            }),
             _ => return None,
         })
     }
@@ -90,32 +166,62 @@ impl ModelArgs {
         self.multiple_of * hidden.div_ceil(self.multiple_of)
     }
 
-    /// Parameters of one transformer block.
-    pub fn params_per_layer(&self) -> usize {
+    /// Whether block `layer` has a mixture-of-experts FFN.
+    pub fn is_moe_layer(&self, layer: usize) -> bool {
+        self.moe.as_ref().is_some_and(|m| layer >= m.n_dense_layers)
+    }
+
+    /// Parameters of transformer block `layer` (all of them, or the ones one token uses).
+    fn block_params(&self, layer: usize, active: bool) -> usize {
         let (d, hd) = (self.dim, self.head_dim());
         let attn = d * self.n_heads * hd * 2 + d * self.n_kv_heads * hd * 2;
-        let ffn = 3 * d * self.ffn_hidden_dim();
+        let ffn = match &self.moe {
+            Some(m) if self.is_moe_layer(layer) => {
+                if active {
+                    m.active_params(d)
+                } else {
+                    m.params(d)
+                }
+            }
+            _ => 3 * d * self.ffn_hidden_dim(),
+        };
         attn + ffn + 2 * d
+    }
+
+    /// Parameters of one (dense) transformer block.
+    pub fn params_per_layer(&self) -> usize {
+        self.block_params(0, false)
+    }
+
+    fn count(&self, active: bool) -> usize {
+        let heads = if self.tie_word_embeddings { 1 } else { 2 };
+        let blocks: usize = (0..self.n_layers).map(|l| self.block_params(l, active)).sum();
+        self.vocab_size * self.dim * heads + blocks + self.dim
     }
 
     /// Analytic parameter count: embedding + blocks + final norm + output head (unless tied).
     pub fn num_params(&self) -> usize {
-        let heads = if self.tie_word_embeddings { 1 } else { 2 };
-        self.vocab_size * self.dim * heads + self.n_layers * self.params_per_layer() + self.dim
+        self.count(false)
     }
 
-    /// Parameters that take part in matmuls (everything but the embedding lookup; a tied table
-    /// is the output head's matmul).
+    /// Parameters one token uses: as [`Self::num_params`] with only the router, the `top_k`
+    /// routed and the shared experts of each MoE layer (all of them for a dense model).
+    pub fn num_active_params(&self) -> usize {
+        self.count(true)
+    }
+
+    /// Active parameters that take part in matmuls (everything but the embedding lookup; a tied
+    /// table is the output head's matmul).
     pub fn num_matmul_params(&self) -> usize {
         if self.tie_word_embeddings {
-            self.num_params()
+            self.num_active_params()
         } else {
-            self.num_params() - self.vocab_size * self.dim
+            self.num_active_params() - self.vocab_size * self.dim
         }
     }
 
     /// Training FLOPs per token at context length `seq_len`, as TorchTitan counts them:
-    /// `6·N_matmul + 12·L·H·d_head·T`.
+    /// `6·N_matmul + 12·L·H·d_head·T`, with `N_matmul` the active parameters of an MoE model.
     pub fn flops_per_token(&self, seq_len: usize) -> f64 {
         6.0 * self.num_matmul_params() as f64 + 12.0 * (self.n_layers * self.n_heads * self.head_dim() * seq_len) as f64
     }
@@ -130,6 +236,17 @@ impl ModelArgs {
         }
         if self.head_dim() % 2 != 0 {
             return Err(format!("head_dim {} must be even for RoPE", self.head_dim()));
+        }
+        if let Some(m) = &self.moe {
+            if m.num_experts == 0 || m.top_k == 0 || m.top_k > m.num_experts {
+                return Err(format!(
+                    "moe top_k {} must be between 1 and the number of experts {}",
+                    m.top_k, m.num_experts
+                ));
+            }
+            if m.hidden_dim == 0 {
+                return Err("moe hidden_dim must be >= 1".into());
+            }
         }
         Ok(())
     }

@@ -17,6 +17,10 @@ pub enum LogicalAxis {
     KvHeads,
     /// The SwiGLU hidden dimension.
     Mlp,
+    /// The expert index of a mixture-of-experts layer (split by expert parallelism).
+    Experts,
+    /// Hidden units inside an expert (routed or shared; not split by tensor parallelism).
+    ExpertMlp,
 }
 
 impl fmt::Display for LogicalAxis {
@@ -27,6 +31,8 @@ impl fmt::Display for LogicalAxis {
             LogicalAxis::Heads => "heads",
             LogicalAxis::KvHeads => "kv_heads",
             LogicalAxis::Mlp => "mlp",
+            LogicalAxis::Experts => "experts",
+            LogicalAxis::ExpertMlp => "expert_mlp",
         };
         f.write_str(s)
     }

@@ -103,6 +103,7 @@ pub fn from_hf_config(text: &str) -> Result<ModelArgs, String> {
         rope_scaling,
         ffn_hidden: Some(count(c, "intermediate_size")?),
         tie_word_embeddings: c.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
+        moe: None,
     };
     args.validate()?;
     Ok(args)

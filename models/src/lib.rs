@@ -12,10 +12,11 @@ pub mod init;
 pub mod layers;
 pub mod llama;
 pub mod loss;
+pub mod moe;
 pub mod positions;
 pub mod rope;
 
-pub use args::{ModelArgs, FLAVORS};
+pub use args::{ModelArgs, MoeArgs, ScoreFunc, FLAVORS};
 pub use axes::{LogicalAxis, ParamSpec};
 pub use checkpoint::{Checkpointing, Tape};
 pub use hooks::{ActivationHooks, Hooks};

@@ -8,6 +8,7 @@ use crate::axes::{LogicalAxis, ParamSpec};
 use crate::checkpoint::{Checkpointing, Tape};
 use crate::hooks::Hooks;
 use crate::layers::{Embedding, Linear, RmsNorm};
+use crate::moe::MoE;
 use crate::positions::{Documents, Positions};
 use crate::rope::RopeScaling;
 use burn::module::{ModuleVisitor, Param};
@@ -97,7 +98,9 @@ pub struct TransformerBlock {
     pub attention_norm: RmsNorm,
     pub attention: Attention,
     pub ffn_norm: RmsNorm,
-    pub feed_forward: FeedForward,
+    /// The dense FFN, or (MoE models after their dense layers) `None` and `moe`.
+    pub feed_forward: Option<FeedForward>,
+    pub moe: Option<MoE>,
 }
 
 impl TransformerBlock {
@@ -109,13 +112,25 @@ impl TransformerBlock {
             attention_norm: RmsNorm::new(seed, &format!("{path}.attention_norm"), a.dim, a.norm_eps, device),
             attention: Attention::new(a, seed, &format!("{path}.attention"), out_std, device),
             ffn_norm: RmsNorm::new(seed, &format!("{path}.ffn_norm"), a.dim, a.norm_eps, device),
-            feed_forward: FeedForward::new(a, seed, &format!("{path}.feed_forward"), out_std, device),
+            feed_forward: (!a.is_moe_layer(layer))
+                .then(|| FeedForward::new(a, seed, &format!("{path}.feed_forward"), out_std, device)),
+            moe: a
+                .moe
+                .as_ref()
+                .filter(|_| a.is_moe_layer(layer))
+                .map(|m| MoE::new(a, m, seed, &format!("{path}.moe"), out_std, device)),
         }
     }
 
     pub fn forward(&self, x: Tensor<3>, pos: &Positions, hooks: &Hooks) -> Tensor<3> {
         let h = x.clone() + self.attention.forward(self.attention_norm.forward(x), pos, hooks);
-        h.clone() + self.feed_forward.forward(self.ffn_norm.forward(h), hooks)
+        let n = self.ffn_norm.forward(h.clone());
+        let ffn = match (&self.feed_forward, &self.moe) {
+            (Some(f), _) => f.forward(n, hooks),
+            (None, Some(m)) => m.forward(n, hooks),
+            (None, None) => unreachable!("a block has a dense or an MoE FFN"),
+        };
+        h + ffn
     }
 }
 
@@ -192,11 +207,17 @@ impl Transformer {
         for l in &mut self.layers {
             l.attention_norm.fused = fused;
             l.ffn_norm.fused = fused;
-            let (a, f) = (&mut l.attention, &mut l.feed_forward);
-            f.fused = fused;
-            for linear in [&mut a.wq, &mut a.wk, &mut a.wv, &mut a.wo, &mut f.w1, &mut f.w2, &mut f.w3] {
+            let a = &mut l.attention;
+            for linear in [&mut a.wq, &mut a.wk, &mut a.wv, &mut a.wo] {
                 linear.fused = fused;
             }
+            if let Some(f) = &mut l.feed_forward {
+                f.fused = fused;
+                for linear in [&mut f.w1, &mut f.w2, &mut f.w3] {
+                    linear.fused = fused;
+                }
+            }
+            l.moe = l.moe.take().map(|m| m.with_fused(fused));
         }
         if let Some(n) = &mut self.norm {
             n.fused = fused;
@@ -300,6 +321,11 @@ impl Transformer {
         format!("layers.{}", self.first_layer + block)
     }
 
+    /// The MoE layers of this stage with their global indices.
+    pub fn moe_layers(&self) -> impl Iterator<Item = (usize, &MoE)> {
+        self.layers.iter().enumerate().filter_map(|(i, l)| l.moe.as_ref().map(|m| (self.first_layer + i, m)))
+    }
+
     /// Every parameter with its module path, shape and logical axes, in visiting order.
     pub fn param_specs(&self) -> Vec<ParamSpec> {
         let mut v = SpecCollector::default();
@@ -334,6 +360,17 @@ pub fn logical_axes(path: &str) -> Option<Vec<LogicalAxis>> {
     use LogicalAxis::*;
     let mut parts = path.rsplit('.');
     let (last, owner) = (parts.next()?, parts.next()?);
+    // Mixture-of-experts parameters: the experts' own axes, never split by tensor parallelism
+    // (the MoE FFN runs on the tokens this rank holds).
+    match (owner, last) {
+        ("experts", "w1" | "w3") => return Some(vec![Experts, Embed, ExpertMlp]),
+        ("experts", "w2") => return Some(vec![Experts, ExpertMlp, Embed]),
+        ("moe", "expert_bias") => return Some(vec![Experts]),
+        ("gate", "weight") => return Some(vec![Embed, Experts]),
+        ("w1" | "w3", "weight") if path.contains(".shared_experts.") => return Some(vec![Embed, ExpertMlp]),
+        ("w2", "weight") if path.contains(".shared_experts.") => return Some(vec![ExpertMlp, Embed]),
+        _ => {}
+    }
     if last != "weight" {
         return None;
     }

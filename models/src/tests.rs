@@ -16,14 +16,22 @@ fn lazily_built_models_have_the_analytic_parameter_count() {
         let m = Transformer::new(&args, 0, &cpu());
         assert_eq!(m.num_params(), args.num_params(), "flavor {f}");
         let specs = m.param_specs();
-        assert_eq!(specs.len(), 2 + 9 * args.n_layers + 1, "flavor {f}");
+        // Dense blocks: 2 norms, 4 attention, 3 FFN weights; MoE blocks: router, 3 stacked
+        // expert weights, the balancing bias, and 3 shared-expert weights instead of the FFN.
+        let per_block: usize = (0..args.n_layers).map(|l| if args.is_moe_layer(l) { 14 } else { 9 }).sum();
+        assert_eq!(specs.len(), 2 + per_block + 1, "flavor {f}");
     }
 }
 
 #[test]
 fn every_parameter_declares_axes_matching_its_shape() {
-    let args = ModelArgs::flavor("8B").unwrap();
+  for flavor in ["8B", "moe_debug"] {
+    let args = ModelArgs::flavor(flavor).unwrap();
     let m = Transformer::new(&args, 0, &cpu());
+    let moe = args.moe.clone().unwrap_or(MoeArgs {
+        num_experts: 0, top_k: 0, hidden_dim: 0, num_shared_experts: 0, n_dense_layers: 0,
+        score_func: ScoreFunc::Softmax, route_norm: false, route_scale: 1.0, load_balance_coeff: 0.0,
+    });
     for s in m.param_specs() {
         assert_eq!(s.axes.len(), s.shape.len(), "{s}");
         for (axis, &n) in s.axes.iter().zip(&s.shape) {
@@ -33,10 +41,14 @@ fn every_parameter_declares_axes_matching_its_shape() {
                 LogicalAxis::Heads => args.n_heads * args.head_dim(),
                 LogicalAxis::KvHeads => args.n_kv_heads * args.head_dim(),
                 LogicalAxis::Mlp => args.ffn_hidden_dim(),
+                LogicalAxis::Experts => moe.num_experts,
+                LogicalAxis::ExpertMlp if s.path.contains("shared") => moe.hidden_dim * moe.num_shared_experts,
+                LogicalAxis::ExpertMlp => moe.hidden_dim,
             };
             assert_eq!(n, expect, "{s}");
         }
     }
+  }
     assert_eq!(logical_axes("layers.0.attention.wq.weight"), Some(vec![LogicalAxis::Embed, LogicalAxis::Heads]));
     assert_eq!(logical_axes("layers.0.attention.bogus"), None);
 }
@@ -177,4 +189,108 @@ fn block_causal_model_sees_each_document_alone() {
         let err = causal[4 * v..7 * v].iter().zip(&alone).fold(0f32, |e, (a, b)| e.max((a - b).abs()));
         assert!(err > 1e-3, "causal attention ignored the previous document");
     }
+}
+
+/// The MoE flavors' counts, total and active, match their parameters; `moe_1B` is ≈ 1 B total
+/// and ≈ 0.3 B active, and FLOPs count only the active ones.
+#[test]
+fn moe_flavors_count_total_and_active_parameters() {
+    for f in ["moe_debug", "moe_1B"] {
+        let a = ModelArgs::flavor(f).unwrap();
+        let m = Transformer::new(&a, 0, &cpu());
+        assert_eq!(m.num_params(), a.num_params(), "{f}");
+        let moe = a.moe.clone().unwrap();
+        let expert = 3 * a.dim * moe.hidden_dim;
+        let routed_unused = (moe.num_experts - moe.top_k) * expert + moe.num_experts;
+        let moe_layers = a.n_layers - moe.n_dense_layers;
+        assert_eq!(a.num_params() - a.num_active_params(), moe_layers * routed_unused, "{f}");
+    }
+    let a = ModelArgs::flavor("moe_1B").unwrap();
+    let (total, active) = (a.num_params() as f64 / 1e9, a.num_active_params() as f64 / 1e9);
+    assert!((0.95..1.05).contains(&total) && (0.28..0.32).contains(&active), "moe_1B: {total} B total, {active} B active");
+    let dense = ModelArgs::flavor("debugmodel").unwrap();
+    assert_eq!(dense.num_active_params(), dense.num_params());
+    let flops_params = (a.flops_per_token(0) / 6.0) as usize;
+    assert_eq!(flops_params, a.num_active_params() - a.vocab_size * a.dim);
+}
+
+/// One MoE layer equals its definition computed token by token: the top-k experts by
+/// score + bias, their SwiGLU outputs weighted by the (normalised) scores, plus the shared
+/// experts — with the grouped kernel and with the per-expert reference, softmax and sigmoid.
+#[test]
+fn moe_layer_equals_the_per_token_definition() {
+    use crate::moe::MoE;
+    for (score, norm, fused) in [(ScoreFunc::Softmax, false, true), (ScoreFunc::Sigmoid, true, true), (ScoreFunc::Softmax, false, false)] {
+        let mut a = ModelArgs::flavor("moe_debug").unwrap();
+        a.dim = 32;
+        let cfg = MoeArgs { score_func: score, route_norm: norm, route_scale: 1.5, hidden_dim: 24, ..a.moe.clone().unwrap() };
+        let dev = cpu();
+        let layer = MoE::new(&a, &cfg, 3, "layers.1.moe", 0.02, &dev).with_fused(fused);
+        // A bias that changes the choice of some tokens.
+        let bias: Vec<f32> = (0..cfg.num_experts).map(|e| if e == 5 { 0.05 } else { 0.0 }).collect();
+        let layer = MoE { expert_bias: Param::from_tensor(Tensor::from_data(TensorData::new(bias.clone(), [cfg.num_experts]), &dev)), ..layer };
+        let x = Tensor::<3>::random([2, 5, 32], burn::tensor::Distribution::Normal(0.0, 1.0), &dev);
+        let y = layer.forward(x.clone(), &Hooks::default());
+        let host = |t: Tensor<2>| t.into_data().try_into_vec::<f32>().unwrap();
+        let flat = x.reshape([10, 32]);
+        let logits = host(flat.clone().matmul(layer.router.gate.weight.val()));
+        let w = |p: &Param<Tensor<3>>, e: usize| {
+            let [_, i, o] = p.val().dims();
+            p.val().narrow(0, e, 1).reshape([i, o])
+        };
+        let ex = &layer.experts;
+        let mut expect = Vec::new();
+        for t in 0..10 {
+            let row = &logits[t * 8..(t + 1) * 8];
+            let scores: Vec<f32> = match score {
+                ScoreFunc::Softmax => {
+                    let m = row.iter().cloned().fold(f32::MIN, f32::max);
+                    let z: f32 = row.iter().map(|v| (v - m).exp()).sum();
+                    row.iter().map(|v| (v - m).exp() / z).collect()
+                }
+                ScoreFunc::Sigmoid => row.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect(),
+            };
+            let mut order: Vec<usize> = (0..8).collect();
+            order.sort_by(|&p, &q| (scores[q] + bias[q]).total_cmp(&(scores[p] + bias[p])));
+            let top = &order[..cfg.top_k];
+            let sum: f32 = top.iter().map(|&e| scores[e]).sum();
+            let xt = flat.clone().narrow(0, t, 1);
+            let mut out = layer.shared_experts.as_ref().unwrap().w2.forward(
+                burn::tensor::activation::silu(layer.shared_experts.as_ref().unwrap().w1.forward(xt.clone()))
+                    * layer.shared_experts.as_ref().unwrap().w3.forward(xt.clone()),
+            );
+            for &e in top {
+                let g = if norm { scores[e] / sum } else { scores[e] } * 1.5;
+                let h = burn::tensor::activation::silu(xt.clone().matmul(w(&ex.w1, e))) * xt.clone().matmul(w(&ex.w3, e));
+                out = out + h.matmul(w(&ex.w2, e)).mul_scalar(g);
+            }
+            expect.extend(host(out));
+        }
+        let got = host(y.reshape([10, 32]));
+        let err = got.iter().zip(&expect).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        assert!(err < 1e-5, "{score:?} norm {norm} fused {fused}: max error {err}");
+    }
+}
+
+/// Aux-loss-free balancing: on a router skewed toward two experts, repeated bias steps bring
+/// the max/mean load from ≈ 3 to near 1; a balanced load leaves the bias alone.
+#[test]
+fn balancing_bias_moves_a_skewed_router_toward_balance() {
+    use crate::moe::{bias_update, imbalance, Routing};
+    use rand::{Rng, SeedableRng};
+    let (e, k, n) = (8, 2, 512);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    // Experts 0 and 1 score 0.3 higher on average.
+    let scores: Vec<f32> =
+        (0..n * e).map(|i| rng.gen::<f32>() * 0.2 + if i % e < 2 { 0.3 } else { 0.0 }).collect();
+    let load = |bias: &[f32]| -> Vec<u64> { Routing::choose(&scores, bias, e, k).counts.iter().map(|&c| c as u64).collect() };
+    let mut bias = vec![0f32; e];
+    let before = imbalance(&load(&bias));
+    for _ in 0..400 {
+        bias = bias_update(&bias, &load(&bias), 1e-3);
+    }
+    let after = imbalance(&load(&bias));
+    assert!(before > 3.5 && after < 1.25, "imbalance {before:.2} → {after:.2}");
+    assert!(bias.iter().sum::<f32>().abs() < 1e-4, "the bias steps are centred: {bias:?}");
+    assert_eq!(bias_update(&[0.1, -0.1], &[5, 5], 1e-3), vec![0.1, -0.1]);
 }

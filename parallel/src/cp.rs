@@ -461,14 +461,8 @@ pub struct ContextParallelHooks {
 }
 
 impl ActivationHooks for ContextParallelHooks {
-    fn embed(&self, weight: Tensor<2>, ids: Tensor<2, Int>) -> Tensor<3> {
-        self.inner.embed(weight, ids)
-    }
-    fn column_input(&self, x: Tensor<3>) -> Tensor<3> {
-        self.inner.column_input(x)
-    }
-    fn row_output(&self, y: Tensor<3>) -> Tensor<3> {
-        self.inner.row_output(y)
+    fn inner(&self) -> Option<&Hooks> {
+        Some(&self.inner)
     }
     fn attention(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, starts: Option<Tensor<2, Int>>, _fused: bool) -> Tensor<4> {
         context_attention(q, k, v, starts, self.spec)

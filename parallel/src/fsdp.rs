@@ -60,8 +60,8 @@ impl ShardLayout {
 #[derive(Debug, Clone, Default)]
 pub struct Sharding {
     pub layouts: BTreeMap<String, ShardLayout>,
-    /// The registry id of the shard group.
-    pub group: u64,
+    /// The registry id of the shard group of each sharded parameter.
+    pub groups: BTreeMap<String, u64>,
 }
 
 impl Sharding {
@@ -91,14 +91,12 @@ impl Reparameterization for FsdpParam {
     }
 }
 
-struct FullyShard<'a> {
-    group: u64,
-    size: usize,
-    rank: usize,
-    layouts: &'a mut BTreeMap<String, ShardLayout>,
+struct FullyShard<'a, F> {
+    group_of: F,
+    out: &'a mut Sharding,
 }
 
-impl Reparameterizer for FullyShard<'_> {
+impl<F: Fn(&str) -> Option<GroupHandle>> Reparameterizer for FullyShard<'_, F> {
     type Reparam = FsdpParam;
 
     fn reparameterize<const D: usize>(
@@ -106,16 +104,18 @@ impl Reparameterizer for FullyShard<'_> {
         path: &str,
         param: Param<Tensor<D>>,
     ) -> (Param<Tensor<D>>, Option<FsdpParam>) {
+        let Some(group) = (self.group_of)(path) else { return (param, None) };
         let rows = param.lazy_shape()[0];
-        let layout = ShardLayout::new(rows, self.size, self.rank);
-        self.layouts.insert(path.to_string(), layout);
+        let layout = ShardLayout::new(rows, group.size(), group.rank());
+        self.out.layouts.insert(path.to_string(), layout);
+        self.out.groups.insert(path.to_string(), group.id());
         let sharded = param.map(|full| {
             let (device, shape) = (full.device(), full.dims().to_vec());
             let data = full.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 parameter");
             let (shard, shard_shape) = layout.shard(&data, &shape);
             leaf(Tensor::<D>::from_data(TensorData::new(shard, shard_shape), &device))
         });
-        (sharded, Some(FsdpParam { group: self.group, rows }))
+        (sharded, Some(FsdpParam { group: group.id(), rows }))
     }
 }
 
@@ -134,10 +134,15 @@ pub(crate) fn leaf<const D: usize>(t: Tensor<D>) -> Tensor<D> {
 /// per block and then to the root; here every parameter is its own unit, gathered when read).
 /// Each parameter is materialised in full once, one at a time, to cut out this rank's rows.
 pub fn fully_shard<M: Module>(model: M, group: &GroupHandle) -> (M, Sharding) {
-    let mut layouts = BTreeMap::new();
-    let r = FullyShard { group: group.id(), size: group.size(), rank: group.rank(), layouts: &mut layouts };
-    let model = model.apply_reparameterization(r);
-    (model, Sharding { layouts, group: group.id() })
+    fully_shard_by(model, |_| Some(group.clone()))
+}
+
+/// [`fully_shard`] with a group per parameter (`group_of(path)`; `None` leaves it whole):
+/// expert parallelism shards the routed experts over their own group.
+pub fn fully_shard_by<M: Module>(model: M, group_of: impl Fn(&str) -> Option<GroupHandle>) -> (M, Sharding) {
+    let mut out = Sharding::default();
+    let model = model.apply_reparameterization(FullyShard { group_of, out: &mut out });
+    (model, out)
 }
 
 #[cfg(test)]

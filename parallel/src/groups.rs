@@ -21,6 +21,9 @@ pub struct MeshGroups {
     pub cp: Option<Box<dyn Communicator>>,
     /// The tensor-parallel group.
     pub tp: Option<Box<dyn Communicator>>,
+    /// The expert-parallel group and the expert weights' FSDP group.
+    pub ep: Option<Box<dyn Communicator>>,
+    pub efsdp: Option<Box<dyn Communicator>>,
     /// This rank's pipeline stage index and the pipeline group (its rank `i` is stage rank `i`).
     pub pp_rank: usize,
     pub pp: Option<Box<dyn Communicator>>,
@@ -39,6 +42,8 @@ impl MeshGroups {
             shard: None,
             cp: None,
             tp: None,
+            ep: None,
+            efsdp: None,
             pp_rank: 0,
             pp: None,
             world: None,
@@ -62,6 +67,8 @@ impl MeshGroups {
         let shard = cut(Axis::Fsdp, dims.fsdp_size())?;
         let cp = cut(Axis::Cp, dims.cp)?;
         let tp = cut(Axis::Tp, dims.tp)?;
+        let ep = cut(Axis::Ep, dims.ep)?;
+        let efsdp = if dims.ep > 1 { cut(Axis::Efsdp, dims.efsdp_size())? } else { None };
         let pp = cut(Axis::Pp, dims.pp)?;
         let everyone: Vec<usize> = (0..world.size()).collect();
         let world_group = if world.size() > 1 { Some(world.sub_group(&everyone)?) } else { None };
@@ -75,6 +82,8 @@ impl MeshGroups {
             shard,
             cp,
             tp,
+            ep,
+            efsdp,
             pp_rank: c.pp,
             pp,
             world: world_group,

@@ -10,6 +10,8 @@
 //! * [`ddp`]: data parallelism — bucketed gradient all-reduce over the dp group.
 //! * [`fsdp`]: parameters sharded along dim 0, gathered when read (a Burn reparameterization).
 //! * [`cp`]: context parallelism — sequences split over ranks, ring attention.
+//! * [`ep`]: expert parallelism — routed experts split over ranks, tokens dispatched and
+//!   combined by all-to-all.
 //! * [`tp`]: tensor (and sequence) parallelism — parameter slices and activation hooks;
 //!   [`loss_parallel`]: cross-entropy over vocabulary-split logits.
 //! * [`launcher`]: runs one closure per rank on threads; the first failure stops every rank.
@@ -18,6 +20,7 @@ pub mod autograd;
 pub mod comm;
 pub mod cp;
 pub mod ddp;
+pub mod ep;
 pub mod fsdp;
 pub mod groups;
 pub mod launcher;

@@ -32,6 +32,12 @@ pub enum Axis {
     Dp,
     /// dp_shard × cp: FSDP parameter sharding.
     Fsdp,
+    /// Expert parallelism: `ep` consecutive ranks of dp_shard × cp × tp (borrowing tp first,
+    /// then cp, then dp_shard, as TorchTitan) split the routed experts.
+    Ep,
+    /// The ranks of dp_shard × cp × tp holding the same experts (`/ ep` of them): FSDP of the
+    /// expert weights.
+    Efsdp,
 }
 
 impl fmt::Display for Axis {
@@ -44,6 +50,8 @@ impl fmt::Display for Axis {
             Axis::Tp => "tp",
             Axis::Dp => "dp",
             Axis::Fsdp => "fsdp",
+            Axis::Ep => "ep",
+            Axis::Efsdp => "efsdp",
         })
     }
 }
@@ -123,6 +131,13 @@ impl ParallelDims {
     }
     pub fn pp_enabled(&self) -> bool {
         self.pp > 1
+    }
+    pub fn ep_enabled(&self) -> bool {
+        self.ep > 1
+    }
+    /// The expert weights' FSDP group size: dp_shard · cp · tp / ep.
+    pub fn efsdp_size(&self) -> usize {
+        self.dp_shard * self.cp * self.tp / self.ep
     }
 
     /// Ranks that do not split the data (tp·pp·cp): the divisor for per-device throughput.
@@ -225,9 +240,24 @@ impl Mesh {
         (((x.pp * r + x.dp_replicate) * s + x.dp_shard) * c + x.cp) * t + x.tp
     }
 
+    /// `rank`'s index in the flattened dp_shard × cp × tp block (tp fastest).
+    fn expert_index(&self, x: &Coords) -> usize {
+        (x.dp_shard * self.dims.cp + x.cp) * self.dims.tp + x.tp
+    }
+
     /// The ranks of `rank`'s group along `axis`, ascending; the group's rank order.
     pub fn group(&self, axis: Axis, rank: usize) -> Vec<usize> {
         let x = self.coords(rank);
+        if matches!(axis, Axis::Ep | Axis::Efsdp) {
+            let (ep, f) = (self.dims.ep, self.expert_index(&x));
+            let same = |y: &Coords| {
+                let g = self.expert_index(y);
+                y.pp == x.pp
+                    && y.dp_replicate == x.dp_replicate
+                    && if axis == Axis::Ep { g / ep == f / ep } else { g % ep == f % ep }
+            };
+            return (0..self.dims.world_size).filter(|&r| same(&self.coords(r))).collect();
+        }
         let [p, r, s, c, t] = self.sizes();
         let one = |v: usize| v..v + 1;
         let (pp, rr, ss, cc, tt) = match axis {
@@ -238,6 +268,7 @@ impl Mesh {
             Axis::Fsdp => (one(x.pp), one(x.dp_replicate), 0..s, 0..c, one(x.tp)),
             Axis::Tp => (one(x.pp), one(x.dp_replicate), one(x.dp_shard), one(x.cp), 0..t),
             Axis::Dp => (one(x.pp), 0..r, 0..s, one(x.cp), one(x.tp)),
+            Axis::Ep | Axis::Efsdp => unreachable!("handled above"),
         };
         let mut out = Vec::new();
         for a in pp {
@@ -300,7 +331,7 @@ mod tests {
         assert_eq!(m.group(Axis::DpReplicate, 5), vec![1, 5]);
         assert_eq!(m.group(Axis::Dp, 5), vec![1, 3, 5, 7]);
         assert_eq!(m.group(Axis::Pp, 5), vec![5, 13]);
-        for axis in [Axis::Pp, Axis::DpReplicate, Axis::DpShard, Axis::Cp, Axis::Fsdp, Axis::Tp, Axis::Dp] {
+        for axis in [Axis::Pp, Axis::DpReplicate, Axis::DpShard, Axis::Cp, Axis::Fsdp, Axis::Tp, Axis::Dp, Axis::Ep, Axis::Efsdp] {
             let mut seen = vec![0; 16];
             for r in 0..16 {
                 let g = m.group(axis, r);
@@ -332,6 +363,24 @@ mod tests {
         for r in 0..8 {
             assert_eq!(m.rank_of(m.coords(r)), r);
         }
+    }
+
+    /// EP borrows tp first, then cp, then dp_shard; the expert FSDP group is the rest.
+    #[test]
+    fn ep_groups_borrow_tp_then_cp_then_dp_shard() {
+        // dp_shard 2 × tp 2, ep 2: EP over the TP pair, expert FSDP over the shard pair.
+        let m = ParallelDims::new(1, 2, 1, 2, 1, 2, 4).unwrap().mesh();
+        assert_eq!(m.group(Axis::Ep, 2), vec![2, 3]);
+        assert_eq!(m.group(Axis::Efsdp, 2), vec![0, 2]);
+        // dp_shard 4, ep 2 (replicate 2): EP pairs of shard ranks, within a replica.
+        let m = ParallelDims::new(2, 4, 1, 1, 1, 2, 8).unwrap().mesh();
+        assert_eq!(m.group(Axis::Ep, 5), vec![4, 5]);
+        assert_eq!(m.group(Axis::Efsdp, 5), vec![5, 7]);
+        assert_eq!(m.dims.efsdp_size(), 2);
+        // ep = dp_shard · tp: every rank of the replica holds different experts.
+        let m = ParallelDims::new(1, 2, 1, 2, 2, 4, 8).unwrap().mesh();
+        assert_eq!(m.group(Axis::Ep, 6), vec![4, 5, 6, 7]);
+        assert_eq!(m.group(Axis::Efsdp, 6), vec![6]);
     }
 
     #[test]

@@ -15,7 +15,9 @@
 //! positions per rank, so a norm weight's gradient is partial on each rank and must be summed over
 //! the TP group ([`TensorParallel::replicated_grads_are_partial`]).
 
-use crate::autograd::{all_gather_to_group, copy_to_group, reduce_from_group, reduce_scatter_to_group};
+use crate::autograd::{
+    all_gather_to_group, copy_to_group, gather_from_group, reduce_from_group, reduce_scatter_to_group, split_to_group,
+};
 use crate::registry::GroupHandle;
 use burn::module::{Module, ModuleMapper, Param};
 use burn::prelude::*;
@@ -55,6 +57,25 @@ impl ActivationHooks for TensorParallelHooks {
             reduce_from_group(y, &self.group)
         }
     }
+
+    /// A mixture-of-experts FFN is not split by TP: each rank routes its own positions
+    /// (TorchTitan's token split) — already so under sequence parallelism, else a split of the
+    /// replicated stream, gathered again after the layer.
+    fn moe_input(&self, x: Tensor<3>) -> Tensor<3> {
+        if self.sequence_parallel {
+            x
+        } else {
+            split_to_group(x, 1, &self.group)
+        }
+    }
+
+    fn moe_output(&self, y: Tensor<3>) -> Tensor<3> {
+        if self.sequence_parallel {
+            y
+        } else {
+            gather_from_group(y, 1, &self.group)
+        }
+    }
 }
 
 /// What tensor parallelism did to a model: the split dimension of every split parameter.
@@ -82,11 +103,23 @@ pub fn apply_tensor_parallel<M: Module>(
     sequence_parallel: bool,
     split_dim: impl Fn(&str) -> Option<usize>,
 ) -> (M, TensorParallel, Hooks) {
+    let (model, split_dims) = slice_params(model, group, split_dim);
+    let hooks = Hooks(Some(Arc::new(TensorParallelHooks { group: group.clone(), sequence_parallel })));
+    (model, TensorParallel { group: group.clone(), sequence_parallel, split_dims }, hooks)
+}
+
+/// Keeps this rank's slice of every parameter `split_dim(path)` names a dimension for (rank `r`
+/// of the group holds chunk `r`); returns the split dimension of each split parameter. Tensor
+/// parallelism slices heads, hidden units and vocabulary; expert parallelism the experts.
+pub fn slice_params<M: Module>(
+    model: M,
+    group: &GroupHandle,
+    split_dim: impl Fn(&str) -> Option<usize>,
+) -> (M, BTreeMap<String, usize>) {
     let mut split_dims = BTreeMap::new();
     let mut m = Slice { path: Vec::new(), split_dim, rank: group.rank(), size: group.size(), out: &mut split_dims };
     let model = model.map(&mut m);
-    let hooks = Hooks(Some(Arc::new(TensorParallelHooks { group: group.clone(), sequence_parallel })));
-    (model, TensorParallel { group: group.clone(), sequence_parallel, split_dims }, hooks)
+    (model, split_dims)
 }
 
 struct Slice<'a, F> {

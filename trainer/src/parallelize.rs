@@ -18,10 +18,12 @@ use titan_models::Hooks;
 use titan_parallel::autograd::host::{self, Prim};
 use titan_parallel::cp::{ContextParallelHooks, CpSpec, Rotate};
 use titan_parallel::ddp::{all_reduce_gradients, BUCKET_BYTES};
-use titan_parallel::fsdp::{fully_shard, Sharding};
+use std::collections::BTreeMap;
+use titan_parallel::ep::ExpertParallelHooks;
+use titan_parallel::fsdp::{fully_shard_by, Sharding};
 use titan_parallel::loss_parallel::vocab_parallel_cross_entropy_sum;
 use titan_parallel::registry::with_group;
-use titan_parallel::tp::{apply_tensor_parallel, TensorParallel};
+use titan_parallel::tp::{apply_tensor_parallel, slice_params, TensorParallel};
 use titan_parallel::{CommExt, Communicator};
 
 /// The dimension tensor parallelism splits: the one whose logical axis is heads, kv heads, the
@@ -32,21 +34,46 @@ pub fn tp_split_dim(path: &str) -> Option<usize> {
     logical_axes(path)?.iter().position(|a| matches!(a, Vocab | Heads | KvHeads | Mlp))
 }
 
+/// The dimension expert parallelism splits: the expert index of the stacked routed-expert
+/// weights (the router's expert columns and the balancing bias stay whole: every rank routes).
+pub fn ep_split_dim(path: &str) -> Option<usize> {
+    let axes = logical_axes(path)?;
+    (axes.len() == 3 && axes[0] == LogicalAxis::Experts).then_some(0)
+}
+
+/// Whether a parameter belongs to a mixture-of-experts FFN (run on this rank's tokens only, so
+/// under TP its gradient is partial per rank).
+fn is_moe(path: &str) -> bool {
+    path.contains(".moe.")
+}
+
+/// What expert parallelism did: the routed experts' split dimension (0), by parameter path.
+#[derive(Debug, Clone)]
+pub struct ExpertParallel {
+    pub split_dims: BTreeMap<String, usize>,
+}
+
 /// The parallelisms applied to this rank's model.
 #[derive(Debug, Clone, Default)]
 pub struct Placement {
     pub tp: Option<TensorParallel>,
+    pub ep: Option<ExpertParallel>,
     /// Context parallelism: this rank's share of every sequence.
     pub cp: Option<CpSpec>,
     pub fsdp: Option<Sharding>,
     /// Parameters split by TP (their squared gradient norms are summed over the TP group).
     tp_split: HashSet<ParamId>,
+    /// Routed experts split by EP (summed over the EP group, sharded over the expert FSDP group).
+    ep_split: HashSet<ParamId>,
+    /// MoE parameters (their gradients are partial per TP rank).
+    moe: HashSet<ParamId>,
     /// Use the fused cross-entropy kernel where the device has one.
     pub fused_loss: bool,
 }
 
-/// Applies TP, then CP (the attention hook), then FSDP (over dp_shard × cp), to this rank's
-/// full stages (pipeline parallelism chose the stages).
+/// Applies TP, then CP (the attention hook), then EP (the routed experts), then FSDP (over
+/// dp_shard × cp; the routed experts under EP over their own group), to this rank's full
+/// stages (pipeline parallelism chose the stages).
 pub fn parallelize_llama(
     mut model: RankModel,
     rank: &RankContext,
@@ -78,8 +105,31 @@ pub fn parallelize_llama(
         };
         placement.cp = Some(spec);
     }
-    if let Some(g) = &rank.fsdp {
-        let (m, s) = fully_shard(model, g);
+    let ids = |model: &RankModel, keep: &dyn Fn(&str) -> bool| -> HashSet<ParamId> {
+        state::param_ids(model).into_iter().filter(|(_, p)| keep(p)).map(|(id, _)| id).collect()
+    };
+    placement.moe = ids(&model, &is_moe);
+    if let Some(g) = &rank.ep {
+        let (m, split_dims) = slice_params(model, g, ep_split_dim);
+        let wrap = |c: titan_models::Transformer| {
+            let hooks = ExpertParallelHooks { inner: c.hooks.clone(), group: g.clone() };
+            c.with_hooks(Hooks(Some(Arc::new(hooks))))
+        };
+        model = RankModel { chunks: m.chunks.into_iter().map(wrap).collect() };
+        placement.ep_split = ids(&model, &|p| split_dims.contains_key(p));
+        placement.ep = Some(ExpertParallel { split_dims });
+    }
+    if rank.fsdp.is_some() || rank.efsdp.is_some() {
+        let ep = rank.ep.is_some();
+        let (m, s) = fully_shard_by(model, |path| {
+            if path.ends_with(".expert_bias") {
+                None
+            } else if ep && ep_split_dim(path).is_some() {
+                rank.efsdp.clone()
+            } else {
+                rank.fsdp.clone()
+            }
+        });
         model = m;
         placement.fsdp = Some(s);
     }
@@ -104,10 +154,17 @@ impl Placement {
     /// sequence parallelism the replicated (norm) gradients are partial per TP rank and are
     /// summed; then replicas sum all of theirs.
     pub fn reduce_gradients(&self, model: &RankModel, acc: &mut GradientsParams, rank: &RankContext) -> Result<()> {
-        if let Some(tp) = self.tp.as_ref().filter(|tp| tp.replicated_grads_are_partial()) {
-            with_group(tp.group.id(), |c| {
-                all_reduce_gradients(model, acc, c, BUCKET_BYTES, &|id| !self.tp_split.contains(&id))
-            })?;
+        if let Some(tp) = &self.tp {
+            // Partial per TP rank: what saw only this rank's positions — replicated parameters
+            // under sequence parallelism, MoE parameters always — except the EP-split experts
+            // (their dispatch already brought every rank's tokens).
+            let sp = tp.replicated_grads_are_partial();
+            let partial = |id: ParamId| {
+                !self.tp_split.contains(&id) && !self.ep_split.contains(&id) && (sp || self.moe.contains(&id))
+            };
+            if sp || !self.moe.is_empty() {
+                with_group(tp.group.id(), |c| all_reduce_gradients(model, acc, c, BUCKET_BYTES, &partial))?;
+            }
         }
         if let Some(replicate) = &rank.replicate {
             all_reduce_gradients(model, acc, replicate.as_ref(), BUCKET_BYTES, &|_| true)?;
@@ -119,10 +176,12 @@ impl Placement {
     /// are summed over the TP group (replicated ones are equal there), then FSDP shards' over the
     /// shard group (padding is zero), then the pipeline stages'; replicas are not summed.
     pub fn grad_norm(&self, model: &RankModel, acc: &GradientsParams, rank: &RankContext) -> Result<f64> {
-        let (mut split, mut replicated) = (0.0f64, 0.0f64);
+        let (mut split, mut replicated, mut experts) = (0.0f64, 0.0f64, 0.0f64);
         for (id, sq) in grads::squared_norms(model, acc) {
             if self.tp_split.contains(&id) {
                 split += sq;
+            } else if self.ep_split.contains(&id) {
+                experts += sq;
             } else {
                 replicated += sq;
             }
@@ -134,6 +193,14 @@ impl Placement {
         if let Some(g) = &rank.fsdp {
             total = with_group(g.id(), |c| sum_over(c, total))?;
         }
+        // EP-split experts: their slices over the EP group, their shards over the expert FSDP group.
+        if let Some(g) = &rank.ep {
+            experts = with_group(g.id(), |c| sum_over(c, experts))?;
+            if let Some(e) = &rank.efsdp {
+                experts = with_group(e.id(), |c| sum_over(c, experts))?;
+            }
+            total += experts;
+        }
         if let Some(pp) = &rank.pp {
             total = sum_over(pp.as_ref(), total)?;
         }
@@ -144,6 +211,9 @@ impl Placement {
     /// order on every rank): FSDP shards are gathered first, then TP slices along their dim.
     /// The previous (gathered) checkpoint save, kept as `bench checkpoint`'s baseline.
     pub fn gather_full(&self, mut map: TensorMap, rank: &RankContext) -> Result<TensorMap> {
+        if self.ep.is_some() {
+            anyhow::bail!("gathering the whole model on one rank is not implemented under expert parallelism; the sharded checkpoint save handles it");
+        }
         if let (Some(s), Some(g)) = (&self.fsdp, &rank.fsdp) {
             map = with_group(g.id(), |c| state::unshard(map, s, c, param_path))?;
         }

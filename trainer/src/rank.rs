@@ -28,6 +28,10 @@ pub struct RankContext {
     pub tp: Option<GroupHandle>,
     /// The context-parallel group (the ranks splitting each sequence), registered likewise.
     pub cp: Option<GroupHandle>,
+    /// The expert-parallel group (the ranks splitting the routed experts) and the expert
+    /// weights' FSDP group, registered likewise.
+    pub ep: Option<GroupHandle>,
+    pub efsdp: Option<GroupHandle>,
     /// The pipeline stage index and group (point-to-point between stages).
     pub pp_rank: usize,
     pub pp: Option<Box<dyn Communicator>>,
@@ -56,6 +60,8 @@ impl RankContext {
             fsdp: g.shard.map(register),
             tp: g.tp.map(register),
             cp: g.cp.map(register),
+            ep: g.ep.map(register),
+            efsdp: g.efsdp.map(register),
             pp_rank: g.pp_rank,
             pp: g.pp,
             world: g.world,

@@ -138,23 +138,36 @@ pub fn load_model_tensors<M: Module>(
 
 /// Replaces every parameter's stored value (its FSDP shard or TP slice as stored on this rank)
 /// with `tensors[path]`, keeping its reparameterization; every parameter must be present.
-pub fn set_local_tensors<M: Module>(model: M, mut tensors: TensorMap, device: &Device) -> M {
+pub fn set_local_tensors<M: Module>(model: M, tensors: TensorMap, device: &Device) -> M {
+    replace_tensors(model, tensors, device, true)
+}
+
+/// [`set_local_tensors`] for the parameters `tensors` names; the others are kept.
+pub fn set_some_tensors<M: Module>(model: M, tensors: TensorMap, device: &Device) -> M {
+    replace_tensors(model, tensors, device, false)
+}
+
+fn replace_tensors<M: Module>(model: M, mut tensors: TensorMap, device: &Device, every: bool) -> M {
     struct S<'a> {
         path: Path,
         tensors: &'a mut TensorMap,
         device: &'a Device,
+        every: bool,
     }
     impl ModuleMapper for S<'_> {
         path_tracking!();
         fn map_float<const D: usize>(&mut self, p: Param<Tensor<D>>) -> Param<Tensor<D>> {
-            let t = self.tensors.remove(&self.path.join()).expect("a value for every parameter");
+            let Some(t) = self.tensors.remove(&self.path.join()) else {
+                assert!(!self.every, "a value for every parameter");
+                return p;
+            };
             let (id, _, mapper) = p.consume();
             let value = Tensor::<D>::from_data(TensorData::new(t.data, t.shape), self.device);
             let value = if self.device.is_autodiff() { value.require_grad() } else { value };
             Param::from_mapped_value(id, value, mapper)
         }
     }
-    model.map(&mut S { path: Path::default(), tensors: &mut tensors, device })
+    model.map(&mut S { path: Path::default(), tensors: &mut tensors, device, every })
 }
 
 /// Bytes of every parameter as stored on this rank (shards under FSDP).

@@ -46,6 +46,10 @@ pub struct StepStats {
     pub optim_bytes: usize,
     /// Dataset mixtures: tokens of the whole job seen so far from each source.
     pub tokens_by_source: Vec<(String, u64)>,
+    /// MoE models: each layer's tokens per expert in this step (the whole job's).
+    pub expert_load: Vec<crate::optim::expert_bias::ExpertLoad>,
+    /// Of `comm_seconds`, the expert-parallel all-to-alls (dispatch, combine, their gradients).
+    pub all_to_all_seconds: f64,
 }
 
 pub struct Trainer {
@@ -236,6 +240,7 @@ impl Trainer {
     pub fn train_step(&mut self) -> Result<StepStats> {
         let start = Instant::now();
         titan_parallel::comm::timing::take_seconds();
+        titan_parallel::ep::take_all_to_all_seconds();
         let step = self.step + 1;
         let lr = self.schedule.lr(step);
         let microbatches = {
@@ -293,10 +298,12 @@ impl Trainer {
         }
         let scale = grads::clip_coefficient(grad_norm, self.cfg.training.max_norm);
         let model = std::mem::replace(&mut self.model, RankModel { chunks: Vec::new() });
-        self.model = {
+        let model = {
             let _span = titan_profiling::span("optimizer", "optimizer");
             self.optim.step(model, acc, lr, scale)
         };
+        let (model, expert_load) = crate::optim::expert_bias::balance(model, &self.rank, &self.device)?;
+        self.model = model;
         self.step = step;
         Ok(StepStats {
             step,
@@ -311,6 +318,8 @@ impl Trainer {
             param_bytes: state::param_bytes(&self.model),
             optim_bytes: self.optim.state_bytes(),
             tokens_by_source: self.tokens_by_source(),
+            expert_load,
+            all_to_all_seconds: titan_parallel::ep::take_all_to_all_seconds(),
         })
     }
 

@@ -37,8 +37,13 @@ pub fn slots(model: &RankModel, placement: &Placement, layout: &RankLayout, rank
             }
             let mut shape = tp_local.clone();
             let mut region = Region::full(&tp_local);
-            if let (Some(tp), Some(g)) = (&placement.tp, &rank.tp) {
-                if let Some(&d) = tp.split_dims.get(&local) {
+            // Split dimensions: TP's (heads, hidden units, vocabulary) and EP's (experts).
+            let splits = [
+                placement.tp.as_ref().zip(rank.tp.as_ref()).map(|(p, g)| (&p.split_dims, g)),
+                placement.ep.as_ref().zip(rank.ep.as_ref()).map(|(p, g)| (&p.split_dims, g)),
+            ];
+            for (dims, g) in splits.into_iter().flatten() {
+                if let Some(&d) = dims.get(&local) {
                     shape[d] *= g.size();
                     region.offsets[d] = g.rank() * tp_local[d];
                 }

@@ -85,8 +85,10 @@ fn impossible_values_name_key_and_allowed_values() {
 
 #[test]
 fn parallel_degrees_other_than_one_are_not_supported_yet() {
-    let e = err("[parallelism]\nexpert_parallel_degree = 2\n", &[]);
-    assert!(e.contains("`parallelism.expert_parallel_degree` = 2 is not supported yet") && e.contains("set it to 1"), "{e}");
+    let e = err("[parallelism]\nexpert_parallel_degree = 2\ndata_parallel_shard_degree = 2\n", &[]);
+    assert!(e.contains("`parallelism.expert_parallel_degree` = 2 needs a mixture-of-experts model") && e.contains("moe_debug"), "{e}");
+    let e = err("[model]\nflavor = \"moe_debug\"\n[parallelism]\nexpert_parallel_degree = 3\ndata_parallel_shard_degree = 3\n", &[]);
+    assert!(e.contains("expert_parallel_degree` = 3 does not divide the model's 8 experts"), "{e}");
     // Context parallelism: two chunks per rank, and the rotate method.
     let e = err("[training]\nseq_len = 100\n[parallelism]\ncontext_parallel_degree = 4\n", &[]);
     assert!(e.contains("`training.seq_len` = 100") && e.contains("2 · `parallelism.context_parallel_degree` = 8"), "{e}");

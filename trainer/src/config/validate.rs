@@ -16,15 +16,6 @@ fn positive(errors: &mut Vec<String>, key: &str, value: i64) {
     }
 }
 
-fn not_yet(errors: &mut Vec<String>, key: &str, value: i64, ok: &[i64]) {
-    if !ok.contains(&value) {
-        errors.push(format!(
-            "`{key}` = {value} is not supported yet: this build trains with data parallelism (`parallelism.data_parallel_replicate_degree` for DDP, `data_parallel_shard_degree` for FSDP, both for HSDP), context parallelism (`context_parallel_degree`), tensor parallelism (`tensor_parallel_degree`) and pipeline parallelism (`pipeline_parallel_degree`); set it to {}",
-            ok[0]
-        ));
-    }
-}
-
 pub fn validate(c: &JobConfig) -> Result<()> {
     let mut e = Vec::new();
     one_of(&mut e, "model.name", &c.model.name, &["llama3"]);
@@ -133,7 +124,12 @@ pub fn validate(c: &JobConfig) -> Result<()> {
             t.mixed_precision_param, p.tensor_parallel_degree
         ));
     }
-    not_yet(&mut e, "parallelism.expert_parallel_degree", p.expert_parallel_degree, &[1]);
+    if p.expert_parallel_degree > 1 && t.device != "cpu" {
+        e.push(format!(
+            "`parallelism.expert_parallel_degree` = {} runs on the CPU device (its token all-to-all uses the CPU communicators); set `training.device` = \"cpu\" or the degree to 1",
+            p.expert_parallel_degree
+        ));
+    }
     if p.fsdp_reshard_after_forward == "always" {
         e.push(
             "`parallelism.fsdp_reshard_after_forward` = \"always\" is not supported: Burn's autodiff keeps each gathered parameter for its backward, so parameters stay gathered from forward to backward; use \"never\" (or \"default\", which means \"never\" here)".into(),
@@ -244,6 +240,23 @@ pub fn validate(c: &JobConfig) -> Result<()> {
                     args.n_layers,
                 ) {
                     e.push(msg);
+                }
+                if args.moe.is_some() && c.checkpoint.last_save_in_hf {
+                    e.push(format!(
+                        "`checkpoint.last_save_in_hf` = true: `model.flavor` = {:?} is a mixture-of-experts model, which titan-rs does not export to Hugging Face format yet (the Llama layout has no experts); set it to false",
+                        c.model.flavor
+                    ));
+                }
+                match (&args.moe, d.ep) {
+                    (None, ep) if ep > 1 => e.push(format!(
+                        "`parallelism.expert_parallel_degree` = {ep} needs a mixture-of-experts model; `model.flavor` = {:?} is dense (try \"moe_debug\" or \"moe_1B\") or set the degree to 1",
+                        c.model.flavor
+                    )),
+                    (Some(m), ep) if m.num_experts % ep != 0 => e.push(format!(
+                        "`parallelism.expert_parallel_degree` = {ep} does not divide the model's {} experts; use a divisor of {}",
+                        m.num_experts, m.num_experts
+                    )),
+                    _ => {}
                 }
             }
             Err(msg) => e.push(msg),

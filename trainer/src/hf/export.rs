@@ -45,6 +45,12 @@ pub fn export(src: &dyn TensorSource, args: &ModelArgs, out: &Path, o: &ExportOp
         "bfloat16" => Dtype::BF16,
         d => bail!("`checkpoint.export_dtype` = {d:?} is not supported; use \"float32\" or \"bfloat16\""),
     };
+    if args.moe.is_some() {
+        bail!(
+            "{}: exporting a mixture-of-experts model to Hugging Face format is not implemented (titan-rs writes the transformers Llama layout, which has no experts); the titan-rs checkpoint holds the model",
+            src.describe()
+        );
+    }
     let mut tensors = Vec::new();
     for (key, shape) in src.shapes().into_iter().filter(|(k, _)| !k.starts_with("exp_avg")) {
         let (name, t) = to_hf(&key).ok_or_else(|| anyhow!("{}: tensor {key} has no Hugging Face name", src.describe()))?;

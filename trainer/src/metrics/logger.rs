@@ -198,6 +198,12 @@ impl MetricsLogger {
                 "param_bytes": s.param_bytes, "optim_bytes": s.optim_bytes,
             });
             let mut line = line;
+            if !s.expert_load.is_empty() {
+                // MoE: per layer, max/mean tokens per expert and the tokens of each expert.
+                line["moe_imbalance"] = s.expert_load.iter().map(|l| (format!("layers.{}", l.layer), json!(l.imbalance))).collect();
+                line["moe_tokens_per_expert"] = s.expert_load.iter().map(|l| (format!("layers.{}", l.layer), json!(l.tokens))).collect();
+                line["all_to_all_time_s"] = json!(s.all_to_all_seconds);
+            }
             if !s.tokens_by_source.is_empty() {
                 // Dataset mixtures: tokens seen so far from each source (the whole job).
                 line["tokens_by_source"] = s.tokens_by_source.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
@@ -219,6 +225,9 @@ impl MetricsLogger {
             if let Some(m) = mfu {
                 scalars.push(("mfu(%)", m));
             }
+            let moe: Vec<(String, f64)> =
+                s.expert_load.iter().map(|l| (format!("moe/imbalance/layers.{}", l.layer), l.imbalance)).collect();
+            scalars.extend(moe.iter().map(|(k, v)| (k.as_str(), *v)));
             tb.scalars(s.step, &scalars)?;
         }
         self.window_tokens = 0;

@@ -1,0 +1,226 @@
+//! Grouped GEMM: the routed experts of a mixture-of-experts layer as one op.
+//!
+//! The rows of `x: [M, K]` are sorted by group (expert): the first `sizes[0]` rows belong to
+//! group 0, the next `sizes[1]` to group 1, …; `w: [G, K, N]` holds one matrix per group and
+//! `y[rows of g] = x[rows of g] · w[g]`. Backward: `dx[rows of g] = dy[rows of g] · w[g]ᵀ` and
+//! `dw[g] = x[rows of g]ᵀ · dy[rows of g]`.
+//!
+//! On the CPU each group's panel is one rayon task running a single-threaded GEMM
+//! ([`crate::host::gemm::matmul`]), forward and backward, so the experts run in parallel with no
+//! loop of small Burn ops and no copy of the sorted rows. Elsewhere (CubeCL devices, and
+//! `fused = false`) [`reference`] loops over the groups with Burn's matmul.
+
+use crate::host::gemm::{matmul, View};
+use crate::host::{floats, ints, tensor_like};
+use burn::backend::autodiff::{
+    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
+    grads::Gradients,
+    ops::{Backward, Ops, OpsKind},
+    Autodiff, NodeId,
+};
+use burn::backend::{backend_extension, tensor::FloatTensor, tensor::IntTensor, Backend, Dispatch, Flex};
+use burn::backend::{AutodiffBackend, TensorMetadata};
+use burn::prelude::*;
+use rayon::prelude::*;
+
+#[backend_extension(Flex, Autodiff)]
+pub trait GroupedOps: Backend {
+    /// `y: [M, N]` of `x: [M, K]` (rows sorted by group), `w: [G, K, N]`, `sizes: [G]`.
+    fn grouped_mm_fwd(x: FloatTensor<Self>, w: FloatTensor<Self>, sizes: IntTensor<Self>) -> FloatTensor<Self>;
+
+    /// `(dx, dw)`.
+    fn grouped_mm_bwd(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        sizes: IntTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// The differentiable grouped product.
+    fn grouped_mm(x: FloatTensor<Self>, w: FloatTensor<Self>, sizes: IntTensor<Self>) -> FloatTensor<Self> {
+        Self::grouped_mm_fwd(x, w, sizes)
+    }
+}
+
+/// Row offsets of the groups (`sizes.len() + 1` entries), checked against `m`.
+fn offsets(sizes: &[i64], m: usize) -> Vec<usize> {
+    let mut off = vec![0usize];
+    for &s in sizes {
+        off.push(off.last().unwrap() + usize::try_from(s).expect("group sizes are non-negative"));
+    }
+    assert_eq!(*off.last().unwrap(), m, "grouped GEMM: group sizes {sizes:?} do not add up to the {m} rows");
+    off
+}
+
+/// Splits `out` (rows of `width`) into one mutable panel per group.
+fn panels<'a>(mut out: &'a mut [f32], off: &[usize], width: usize) -> Vec<&'a mut [f32]> {
+    let mut v = Vec::with_capacity(off.len() - 1);
+    for g in 0..off.len() - 1 {
+        let (head, tail) = std::mem::take(&mut out).split_at_mut((off[g + 1] - off[g]) * width);
+        v.push(head);
+        out = tail;
+    }
+    v
+}
+
+/// Host forward: `[M, N]`.
+pub fn forward_host(x: &[f32], w: &[f32], sizes: &[i64], k: usize, n: usize) -> Vec<f32> {
+    let m = x.len() / k.max(1);
+    let off = offsets(sizes, m);
+    let mut y = vec![0f32; m * n];
+    panels(&mut y, &off, n).into_par_iter().enumerate().for_each(|(g, c)| {
+        let rows = off[g + 1] - off[g];
+        let a = View::rows(&x[off[g] * k..off[g + 1] * k], rows, k);
+        matmul(c, n, false, a, View::rows(&w[g * k * n..(g + 1) * k * n], k, n));
+    });
+    y
+}
+
+/// Host backward: `(dx [M, K], dw [G, K, N])`.
+pub fn backward_host(x: &[f32], w: &[f32], sizes: &[i64], dy: &[f32], k: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+    let m = x.len() / k.max(1);
+    let off = offsets(sizes, m);
+    let groups = sizes.len();
+    let mut dx = vec![0f32; m * k];
+    let mut dw = vec![0f32; groups * k * n];
+    let dw_panels: Vec<&mut [f32]> = dw.chunks_mut((k * n).max(1)).collect();
+    panels(&mut dx, &off, k).into_par_iter().zip(dw_panels).enumerate().for_each(|(g, (dxg, dwg))| {
+        let rows = off[g + 1] - off[g];
+        let xg = View::rows(&x[off[g] * k..off[g + 1] * k], rows, k);
+        let dyg = View::rows(&dy[off[g] * n..off[g + 1] * n], rows, n);
+        let wg = View::rows(&w[g * k * n..(g + 1) * k * n], k, n);
+        matmul(dxg, k, false, dyg, wg.t());
+        matmul(dwg, n, false, xg.t(), dyg);
+    });
+    (dx, dw)
+}
+
+impl GroupedOps for Flex {
+    fn grouped_mm_fwd(x: FloatTensor<Self>, w: FloatTensor<Self>, sizes: IntTensor<Self>) -> FloatTensor<Self> {
+        let (ws, xs) = (w.shape().to_vec(), x.shape().to_vec());
+        let y = forward_host(&floats(&x), &floats(&w), &ints(&sizes), ws[1], ws[2]);
+        tensor_like(y, vec![xs[0], ws[2]], &x)
+    }
+
+    fn grouped_mm_bwd(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        sizes: IntTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (ws, xs) = (w.shape().to_vec(), x.shape().to_vec());
+        let (dx, dw) = backward_host(&floats(&x), &floats(&w), &ints(&sizes), &floats(&dy), ws[1], ws[2]);
+        (tensor_like(dx, xs, &x), tensor_like(dw, ws, &w))
+    }
+}
+
+#[derive(Debug)]
+struct GroupedBackward;
+
+impl<B: Backend + GroupedOps> Backward<B, 2> for GroupedBackward {
+    type State = (NodeId, NodeId, IntTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, c: &mut Checkpointer) {
+        let [node_x, node_w] = ops.parents;
+        let dy = grads.consume::<B>(&ops.node);
+        let (x, w, sizes) = ops.state;
+        let (x, w): (FloatTensor<B>, FloatTensor<B>) = (c.retrieve_node_output(x), c.retrieve_node_output(w));
+        let (dx, dw) = B::grouped_mm_bwd(x, w, sizes, dy);
+        for (node, grad) in [(node_x, dx), (node_w, dw)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
+impl<B: Backend + GroupedOps, C: CheckpointStrategy> GroupedOps for Autodiff<B, C> {
+    fn grouped_mm_fwd(x: FloatTensor<Self>, w: FloatTensor<Self>, sizes: IntTensor<Self>) -> FloatTensor<Self> {
+        Self::from_inner(B::grouped_mm_fwd(x.into_primitive(), w.into_primitive(), sizes))
+    }
+
+    fn grouped_mm_bwd(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        sizes: IntTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (dx, dw) = B::grouped_mm_bwd(x.into_primitive(), w.into_primitive(), sizes, dy.into_primitive());
+        (Self::from_inner(dx), Self::from_inner(dw))
+    }
+
+    fn grouped_mm(x: FloatTensor<Self>, w: FloatTensor<Self>, sizes: IntTensor<Self>) -> FloatTensor<Self> {
+        let y = B::grouped_mm_fwd(x.clone().into_primitive(), w.clone().into_primitive(), sizes.clone());
+        match GroupedBackward.prepare::<C>([x.node(), w.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(mut prep) => {
+                let state = (prep.checkpoint(&x), prep.checkpoint(&w), sizes);
+                prep.finish(state, y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        }
+    }
+}
+
+/// `y[rows of g] = x[rows of g] · w[g]` for rows sorted by group (`sizes[g]` rows each): the
+/// CPU kernel where the device has it, else [`reference`].
+pub fn grouped_matmul(x: Tensor<2>, w: Tensor<3>, sizes: &[usize], fused: bool) -> Tensor<2> {
+    let device = x.device();
+    if fused && crate::has_kernels(&device) && !crate::on_cube(&device) {
+        let s = Tensor::<1, Int>::from_data(TensorData::new(sizes.iter().map(|&v| v as i64).collect(), [sizes.len()]), &device);
+        return Tensor::from_dispatch(Dispatch::grouped_mm(x.into_dispatch(), w.into_dispatch(), s.into_dispatch()));
+    }
+    reference(x, w, sizes)
+}
+
+/// The composed grouped product: one Burn matmul per non-empty group, concatenated (on CubeCL
+/// devices each is Burn's CubeCL matmul kernel).
+pub fn reference(x: Tensor<2>, w: Tensor<3>, sizes: &[usize]) -> Tensor<2> {
+    let [_, k, n] = w.dims();
+    let mut parts = Vec::new();
+    let mut start = 0;
+    for (g, &s) in sizes.iter().enumerate() {
+        if s > 0 {
+            let wg = w.clone().narrow(0, g, 1).reshape([k, n]);
+            parts.push(x.clone().narrow(0, start, s).matmul(wg));
+        }
+        start += s;
+    }
+    if parts.is_empty() {
+        return Tensor::<2>::zeros([0, n], &x.device()).cast(x.dtype());
+    }
+    Tensor::cat(parts, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Distribution;
+
+    fn max_diff<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
+        (a - b).abs().max().into_scalar()
+    }
+
+    /// The CPU kernel equals the per-group reference in value and in both gradients, with an
+    /// empty group first, in the middle and last.
+    #[test]
+    fn grouped_kernel_matches_the_per_group_reference() {
+        let dev = Device::flex().autodiff();
+        for sizes in [vec![3usize, 0, 5, 1], vec![0, 7, 0], vec![4], vec![2, 2, 0]] {
+            let (m, k, n) = (sizes.iter().sum::<usize>(), 12, 10);
+            let x0 = Tensor::<2>::random([m, k], Distribution::Normal(0.0, 1.0), &dev);
+            let w0 = Tensor::<3>::random([sizes.len(), k, n], Distribution::Normal(0.0, 1.0), &dev);
+            let dy = Tensor::<2>::random([m, n], Distribution::Normal(0.0, 1.0), &dev);
+            let run = |fused: bool| {
+                let (x, w) = (x0.clone().require_grad(), w0.clone().require_grad());
+                let y = grouped_matmul(x.clone(), w.clone(), &sizes, fused);
+                let g = (y.clone() * dy.clone()).sum().backward();
+                (y, x.grad(&g).unwrap(), w.grad(&g).unwrap())
+            };
+            let (y1, dx1, dw1) = run(true);
+            let (y2, dx2, dw2) = run(false);
+            assert!(max_diff(y1, y2) < 1e-4, "{sizes:?}");
+            assert!(max_diff(dx1, dx2) < 1e-4);
+            assert!(max_diff(dw1, dw2) < 1e-4);
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! Mixture-of-experts FFN (DeepSeek-V3 / Qwen3-MoE style, TorchTitan's `moe.py`): a top-k
+//! router, routed SwiGLU experts run as one grouped GEMM over the tokens sorted by expert,
+//! optional shared experts, and auxiliary-loss-free load balancing (a per-expert bias added to
+//! the scores for the choice of experts only, moved toward balance from the token counts after
+//! each step).
+//!
+//! No communication here: where the tokens of an expert are computed is the hooks' business
+//! ([`crate::hooks::ActivationHooks::experts`]; expert parallelism sends them to the rank that
+//! holds the expert and back).
+
+use crate::args::{ModelArgs, MoeArgs, ScoreFunc};
+use crate::hooks::Hooks;
+use crate::init::{lazy_param, param_id, Init};
+use crate::layers::Linear;
+use burn::module::Param;
+use burn::prelude::*;
+use burn::tensor::FloatDType;
+use std::sync::{Arc, Mutex};
+
+const INIT_STD: f64 = 0.02;
+
+/// The router: `scores = score_func(x · gate)`, `[tokens, experts]`.
+#[derive(Module, Debug)]
+pub struct Router {
+    pub gate: Linear,
+}
+
+/// The routed experts, stacked: `w1, w3: [experts, dim, hidden]`, `w2: [experts, hidden, dim]`
+/// (under expert parallelism, this rank's experts only).
+#[derive(Module, Debug)]
+pub struct GroupedExperts {
+    pub w1: Param<Tensor<3>>,
+    pub w2: Param<Tensor<3>>,
+    pub w3: Param<Tensor<3>>,
+    /// Use the grouped GEMM kernel where the device has one.
+    pub fused: bool,
+}
+
+impl GroupedExperts {
+    fn new(seed: u64, path: &str, e: usize, dim: usize, hidden: usize, out_std: f64, device: &Device) -> Self {
+        let p = |n: &str| format!("{path}.{n}");
+        Self {
+            w1: lazy_param(seed, &p("w1"), [e, dim, hidden], Init::TruncNormal { std: INIT_STD }, device),
+            w2: lazy_param(seed, &p("w2"), [e, hidden, dim], Init::TruncNormal { std: out_std }, device),
+            w3: lazy_param(seed, &p("w3"), [e, dim, hidden], Init::TruncNormal { std: out_std }, device),
+            fused: true,
+        }
+    }
+
+    /// SwiGLU of every expert over its rows: `xs` sorted by (local) expert, `sizes[e]` rows each.
+    pub fn forward(&self, xs: Tensor<2>, sizes: &[usize]) -> Tensor<2> {
+        let dtype = xs.dtype();
+        let w = |p: &Param<Tensor<3>>| p.val().cast(dtype);
+        let gm = |x: Tensor<2>, w: Tensor<3>| titan_kernels::grouped_matmul(x, w, sizes, self.fused);
+        let h = titan_kernels::silu_mul(gm(xs.clone(), w(&self.w1)), gm(xs, w(&self.w3)), self.fused);
+        gm(h, w(&self.w2))
+    }
+
+    /// Experts held here (a slice of them under expert parallelism).
+    pub fn local_experts(&self) -> usize {
+        self.w1.lazy_shape()[0]
+    }
+}
+
+/// The shared experts: one SwiGLU FFN of `hidden · num_shared` units every token goes through.
+#[derive(Module, Debug)]
+pub struct SharedExperts {
+    pub w1: Linear,
+    pub w2: Linear,
+    pub w3: Linear,
+    pub fused: bool,
+}
+
+impl SharedExperts {
+    fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        self.w2.forward(titan_kernels::silu_mul(self.w1.forward(x.clone()), self.w3.forward(x), self.fused))
+    }
+}
+
+/// Tokens routed to each expert by the training forward passes since the last
+/// [`MoE::take_load`] (shared by the clones of a layer).
+#[derive(Debug, Clone, Default)]
+pub struct LoadCounter(Arc<Mutex<Vec<u64>>>);
+
+impl LoadCounter {
+    fn add(&self, counts: &[usize]) {
+        let mut l = self.0.lock().expect("load counter");
+        let n = counts.len().max(l.len());
+        l.resize(n, 0);
+        l.iter_mut().zip(counts).for_each(|(a, &c)| *a += c as u64);
+    }
+    fn take(&self) -> Vec<u64> {
+        std::mem::take(&mut *self.0.lock().expect("load counter"))
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct MoE {
+    pub router: Router,
+    pub experts: GroupedExperts,
+    pub shared_experts: Option<SharedExperts>,
+    /// Aux-loss-free balancing: added to the scores when choosing experts (not to the weights).
+    /// Not trained by gradients; moved by [`bias_update`] after each step.
+    pub expert_bias: Param<Tensor<1>>,
+    #[module(skip)]
+    pub cfg: MoeArgs,
+    #[module(skip)]
+    pub load: LoadCounter,
+}
+
+impl MoE {
+    pub fn new(a: &ModelArgs, m: &MoeArgs, seed: u64, path: &str, out_std: f64, device: &Device) -> Self {
+        let p = |n: &str| format!("{path}.{n}");
+        let shared = m.num_shared_experts * m.hidden_dim;
+        let e = m.num_experts;
+        Self {
+            router: Router { gate: Linear::new(seed, &p("router.gate"), a.dim, e, INIT_STD, device) },
+            experts: GroupedExperts::new(seed, &p("experts"), e, a.dim, m.hidden_dim, out_std, device),
+            shared_experts: (shared > 0).then(|| SharedExperts {
+                w1: Linear::new(seed, &p("shared_experts.w1"), a.dim, shared, INIT_STD, device),
+                w2: Linear::new(seed, &p("shared_experts.w2"), shared, a.dim, out_std, device),
+                w3: Linear::new(seed, &p("shared_experts.w3"), a.dim, shared, out_std, device),
+                fused: true,
+            }),
+            expert_bias: bias_param(&p("expert_bias"), e, device),
+            cfg: m.clone(),
+            load: LoadCounter::default(),
+        }
+    }
+
+    /// `x: [B, T, D]` → `[B, T, D]`.
+    pub fn forward(&self, x: Tensor<3>, hooks: &Hooks) -> Tensor<3> {
+        let x = hooks.moe_input(x);
+        let [b, t, d] = x.dims();
+        let (n, k, e) = (b * t, self.cfg.top_k, self.cfg.num_experts);
+        let flat = x.reshape([n, d]);
+        let device = flat.device();
+        let scores = self.cfg.score_func.apply(self.router.gate.forward(flat.clone()).cast(FloatDType::F32));
+        let bias = host(self.expert_bias.val());
+        let route = Routing::choose(&host(scores.clone()), &bias, e, k);
+        if device.is_autodiff() {
+            // Training passes only (a checkpointed block counts in its recomputation).
+            self.load.add(&route.counts);
+        }
+        let ints = |v: &[usize]| Tensor::<1, Int>::from_data(TensorData::new(v.iter().map(|&i| i as i64).collect(), [v.len()]), &device);
+        let chosen = ints(&route.experts).reshape([n, k]);
+        let mut weights = scores.gather(1, chosen);
+        if self.cfg.route_norm {
+            weights = weights.clone() / (weights.sum_dim(1) + 1e-20);
+        }
+        let weights = weights.mul_scalar(self.cfg.route_scale).cast(flat.dtype());
+        // Rows sorted by expert, computed wherever the hooks place the experts, then back in
+        // (token, choice) order and summed with the routing weights.
+        let xs = flat.clone().select(0, ints(&route.sorted_tokens()));
+        let ys = hooks.experts(xs, &route.counts, &|xs, sizes| self.experts.forward(xs, sizes));
+        let ys = ys.select(0, ints(&route.unsort()));
+        let mut y = (ys.reshape([n, k, d]) * weights.reshape([n, k, 1])).sum_dim(1).reshape([n, d]);
+        if let Some(s) = &self.shared_experts {
+            y = y + s.forward(flat);
+        }
+        hooks.moe_output(y.reshape([b, t, d]))
+    }
+
+    /// The tokens routed to each expert by the training passes since the last call.
+    pub fn take_load(&self) -> Vec<u64> {
+        self.load.take()
+    }
+
+    pub fn with_fused(mut self, fused: bool) -> Self {
+        self.experts.fused = fused;
+        self.router.gate.fused = fused;
+        if let Some(s) = &mut self.shared_experts {
+            s.fused = fused;
+            for l in [&mut s.w1, &mut s.w2, &mut s.w3] {
+                l.fused = fused;
+            }
+        }
+        self
+    }
+}
+
+/// The balancing bias, zeros, not trained by gradients.
+fn bias_param(path: &str, e: usize, device: &Device) -> Param<Tensor<1>> {
+    Param::uninitialized(
+        param_id(path),
+        move |device: &Device, _require_grad: bool| Tensor::<1>::zeros([e], device),
+        device.clone(),
+        false,
+        Shape::from(vec![e]),
+    )
+}
+
+fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 values")
+}
+
+impl ScoreFunc {
+    fn apply(self, logits: Tensor<2>) -> Tensor<2> {
+        match self {
+            ScoreFunc::Softmax => burn::tensor::activation::softmax(logits, 1),
+            ScoreFunc::Sigmoid => burn::tensor::activation::sigmoid(logits),
+        }
+    }
+}
+
+/// Which experts each token goes to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Routing {
+    /// `[tokens · k]`: token `i`'s choices at `i·k ..`, best first.
+    pub experts: Vec<usize>,
+    /// Tokens routed to each expert.
+    pub counts: Vec<usize>,
+    pub k: usize,
+}
+
+impl Routing {
+    /// Top-`k` of `scores + bias` per token (`scores: [tokens, e]` row-major); ties go to the
+    /// lower expert index, so every rank and layout chooses the same.
+    pub fn choose(scores: &[f32], bias: &[f32], e: usize, k: usize) -> Self {
+        let n = scores.len() / e;
+        let mut experts = Vec::with_capacity(n * k);
+        let mut counts = vec![0usize; e];
+        let mut idx: Vec<usize> = (0..e).collect();
+        for row in scores.chunks(e) {
+            let key = |j: usize| row[j] + bias[j];
+            idx.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
+            for &j in &idx[..k] {
+                experts.push(j);
+                counts[j] += 1;
+            }
+        }
+        Self { experts, counts, k }
+    }
+
+    /// The (token, choice) slots sorted by expert, stable: `order[r]` is the slot of sorted row `r`.
+    fn order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.experts.len()).collect();
+        order.sort_by_key(|&s| self.experts[s]);
+        order
+    }
+
+    /// The token of each sorted row.
+    pub fn sorted_tokens(&self) -> Vec<usize> {
+        self.order().into_iter().map(|s| s / self.k).collect()
+    }
+
+    /// For each (token, choice) slot, its row in the sorted order.
+    pub fn unsort(&self) -> Vec<usize> {
+        let mut inv = vec![0; self.experts.len()];
+        for (r, s) in self.order().into_iter().enumerate() {
+            inv[s] = r;
+        }
+        inv
+    }
+}
+
+/// DeepSeek-V3's bias step from the tokens each expert got (summed over every rank routing
+/// this layer's tokens): `bias += coeff · sign(mean − load)`, centred (TorchTitan subtracts the
+/// mean of the step so the biases do not drift together).
+pub fn bias_update(bias: &[f32], load: &[u64], coeff: f64) -> Vec<f32> {
+    let mean = load.iter().sum::<u64>() as f64 / load.len().max(1) as f64;
+    let sign = |x: f64| if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { 0.0 };
+    let step: Vec<f64> = load.iter().map(|&l| coeff * sign(mean - l as f64)).collect();
+    let centre = step.iter().sum::<f64>() / step.len().max(1) as f64;
+    bias.iter().zip(step).map(|(&b, s)| (b as f64 + s - centre) as f32).collect()
+}
+
+/// max / mean of tokens per expert (1 is perfect balance).
+pub fn imbalance(load: &[u64]) -> f64 {
+    let mean = load.iter().sum::<u64>() as f64 / load.len().max(1) as f64;
+    if mean == 0.0 {
+        return 1.0;
+    }
+    *load.iter().max().unwrap_or(&0) as f64 / mean
+}
