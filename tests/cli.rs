@@ -33,9 +33,12 @@ fn unknown_key_in_file_exits_nonzero_with_file_line_and_hint() {
 }
 
 #[test]
-fn unsupported_parallelism_is_a_clear_error() {
-    let o = titan(&["train", "--config", "configs/llama_debug.toml", "--parallelism.expert_parallel_degree", "2"]);
-    assert_clean_error(&o, &["expert_parallel_degree` = 2 is not supported yet"]);
+fn impossible_expert_parallelism_is_a_clear_error() {
+    let ep = ["train", "--config", "configs/llama_debug.toml", "--parallelism.expert_parallel_degree", "2"];
+    let o = titan(&[&ep[..], &["--parallelism.data_parallel_shard_degree", "2"]].concat());
+    assert_clean_error(&o, &["expert_parallel_degree` = 2 needs a mixture-of-experts model"]);
+    let o = titan(&[&ep[..], &["--model.flavor", "moe_debug", "--parallelism.data_parallel_shard_degree", "3"]].concat());
+    assert_clean_error(&o, &["expert_parallel_degree` = 2 must divide dp_shard·cp·tp = 3"]);
 }
 
 #[test]

@@ -179,6 +179,12 @@ impl MoE {
     }
 }
 
+/// Whether the parameter at `path` is moved by the balancing step rather than by gradients (it
+/// has no optimizer state and is never sharded).
+pub fn is_balancing_bias(path: &str) -> bool {
+    path.ends_with(".expert_bias")
+}
+
 /// The balancing bias, zeros, not trained by gradients.
 fn bias_param(path: &str, e: usize, device: &Device) -> Param<Tensor<1>> {
     Param::uninitialized(

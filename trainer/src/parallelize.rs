@@ -122,7 +122,7 @@ pub fn parallelize_llama(
     if rank.fsdp.is_some() || rank.efsdp.is_some() {
         let ep = rank.ep.is_some();
         let (m, s) = fully_shard_by(model, |path| {
-            if path.ends_with(".expert_bias") {
+            if titan_models::moe::is_balancing_bias(path) {
                 None
             } else if ep && ep_split_dim(path).is_some() {
                 rank.efsdp.clone()

@@ -227,8 +227,19 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
 
     if logs {
         let n_params = t.args.num_params();
+        let moe = t.args.moe.as_ref().map_or(String::new(), |m| {
+            format!(
+                ", {} active per token ({:.2} M); MoE after {} dense layer(s): {} experts, top {}, {} shared",
+                t.args.num_active_params(),
+                t.args.num_active_params() as f64 / 1e6,
+                m.n_dense_layers,
+                m.num_experts,
+                m.top_k,
+                m.num_shared_experts
+            )
+        });
         println!(
-            "model llama3/{}: {} parameters ({:.2} M), {} layers, dim {}, vocab {}",
+            "model llama3/{}: {} parameters ({:.2} M){moe}, {} layers, dim {}, vocab {}",
             cfg.model.flavor,
             n_params,
             n_params as f64 / 1e6,

@@ -105,7 +105,7 @@ impl AdamW {
         for (path, shape) in crate::state::param_shapes(model) {
             let (Some(m), Some(v)) = (t.remove(&format!("exp_avg.{path}")), t.remove(&format!("exp_avg_sq.{path}")))
             else {
-                if step > 0 {
+                if step > 0 && !titan_models::moe::is_balancing_bias(&path) {
                     return Err(format!("no optimizer state for parameter {path}"));
                 }
                 continue;
