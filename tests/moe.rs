@@ -91,3 +91,31 @@ fn moe_debug_learns_shakespeare_and_reports_its_experts() {
     let o = run(&tiny_args(&d.path().join("dense"), 1), &["--parallelism.expert_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "2"]);
     assert_clean_error(&o, &["expert_parallel_degree` = 2 needs a mixture-of-experts model", "moe_debug"]);
 }
+
+/// The sequence-wise balance loss (`model.moe_aux_loss_alpha`): it reaches the router (the
+/// gradient norm differs from α = 0), it is reported per layer near α (≈ α · 1 for a balanced
+/// router), and EP 2 × FSDP 2 and PP 2 × EP 2 with full activation checkpointing (the loss is
+/// attached inside recomputed blocks) equal one rank.
+#[test]
+fn balance_loss_trains_the_router_in_every_layout() {
+    let d = tempfile::tempdir().unwrap();
+    let aux = "--model.moe_aux_loss_alpha 0.01";
+    let plain = layout_run(&d.path().join("plain"), ONE, 3);
+    let single = layout_run(&d.path().join("single"), &format!("{ONE} {aux}"), 3);
+    assert!((plain[0].1 - single[0].1).abs() > 1e-7 * plain[0].1, "the balance loss must change the gradient");
+    let body = std::fs::read_to_string(d.path().join("single/metrics.jsonl")).unwrap();
+    let line: serde_json::Value = serde_json::from_str(body.lines().find(|l| l.contains("moe_aux_loss")).unwrap()).unwrap();
+    for layer in ["layers.1", "layers.2"] {
+        let v = line["moe_aux_loss"][layer].as_f64().unwrap();
+        assert!((0.01..0.02).contains(&v), "{layer}: balance loss {v}");
+    }
+    for (name, layout) in [
+        ("EP 2 × FSDP 2", moe(&format!("--parallelism.data_parallel_shard_degree 4 --parallelism.expert_parallel_degree 2 --training.local_batch_size 2 {aux}"))),
+        ("PP 2 × EP 2, full AC", moe(&format!("--parallelism.data_parallel_shard_degree 2 --parallelism.pipeline_parallel_degree 2 --parallelism.num_pp_microbatches 2 --parallelism.expert_parallel_degree 2 --training.local_batch_size 4 --activation_checkpoint.mode full {aux}"))),
+    ] {
+        let dump = d.path().join(name.replace([' ', '×', ','], "_"));
+        assert_matches(name, &single, &layout_run(&dump, &layout, 3), 1e-5);
+    }
+    let o = run(&tiny_args(&d.path().join("dense"), 1), &["--model.moe_aux_loss_alpha", "0.1"]);
+    assert_clean_error(&o, &["model.moe_aux_loss_alpha` apply to mixture-of-experts flavors"]);
+}

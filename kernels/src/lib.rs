@@ -14,6 +14,7 @@
 //! Each routing function below takes `fused`: `false` forces the reference path.
 
 pub mod attention;
+pub mod aux_loss;
 #[cfg(feature = "cube")]
 pub mod cube;
 pub mod grouped;
@@ -23,6 +24,7 @@ pub mod reference;
 pub mod trace_mark;
 
 pub use attention::{block_causal_attention, causal_attention};
+pub use aux_loss::attach_aux_loss;
 pub use grouped::grouped_matmul;
 pub use trace_mark::backward_boundary;
 use burn::prelude::*;

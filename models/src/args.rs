@@ -52,6 +52,8 @@ pub struct MoeArgs {
     pub route_scale: f64,
     /// Aux-loss-free balancing: the bias step per optimizer step (0 disables).
     pub load_balance_coeff: f64,
+    /// Weight of DeepSeek-V3's sequence-wise balance loss `α · Σ_e f_e · P_e` (0 disables).
+    pub aux_loss_alpha: f64,
 }
 
 impl MoeArgs {
@@ -133,6 +135,7 @@ impl ModelArgs {
                 route_norm: false,
                 route_scale: 1.0,
                 load_balance_coeff: 1e-3,
+                aux_loss_alpha: 0.0,
             }),
             "moe_1B" => Self::base(1024, 12, 16, 8, 2048).with_moe(MoeArgs {
                 num_experts: 32,
@@ -144,6 +147,7 @@ impl ModelArgs {
                 route_norm: true,
                 route_scale: 1.0,
                 load_balance_coeff: 1e-3,
+                aux_loss_alpha: 0.0,
             }),
             _ => return None,
         })

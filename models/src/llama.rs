@@ -162,6 +162,9 @@ pub struct Transformer {
     /// names the blocks in step traces.
     #[module(skip)]
     pub first_layer: usize,
+    /// The model has mixture-of-experts layers (this stage may hold none of them).
+    #[module(skip)]
+    pub moe_enabled: bool,
 }
 
 impl Transformer {
@@ -189,6 +192,7 @@ impl Transformer {
             fused_kernels: true,
             compute_dtype: None,
             hooks: Hooks::default(),
+            moe_enabled: a.moe.is_some(),
         }
     }
 

@@ -77,21 +77,40 @@ impl SharedExperts {
     }
 }
 
-/// Tokens routed to each expert by the training forward passes since the last
-/// [`MoE::take_load`] (shared by the clones of a layer).
+/// What the training forward passes of a layer routed since the last [`MoE::take_load`]
+/// (shared by the clones of a layer).
 #[derive(Debug, Clone, Default)]
-pub struct LoadCounter(Arc<Mutex<Vec<u64>>>);
+pub struct LoadCounter(Arc<Mutex<Load>>);
+
+/// Tokens per expert, and this rank's part of the balance loss in the objective.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Load {
+    pub tokens: Vec<u64>,
+    pub aux_loss: f64,
+}
 
 impl LoadCounter {
-    fn add(&self, counts: &[usize]) {
+    fn add(&self, counts: &[usize], aux_loss: f64) {
         let mut l = self.0.lock().expect("load counter");
-        let n = counts.len().max(l.len());
-        l.resize(n, 0);
-        l.iter_mut().zip(counts).for_each(|(a, &c)| *a += c as u64);
+        let n = counts.len().max(l.tokens.len());
+        l.tokens.resize(n, 0);
+        l.tokens.iter_mut().zip(counts).for_each(|(a, &c)| *a += c as u64);
+        l.aux_loss += aux_loss;
     }
-    fn take(&self) -> Vec<u64> {
+    fn take(&self) -> Load {
         std::mem::take(&mut *self.0.lock().expect("load counter"))
     }
+}
+
+thread_local! {
+    static OBJECTIVE_TOKENS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The tokens the step's loss is averaged over (the trainer sets it before each step): the
+/// balance loss of a sequence joins the objective weighted by its positions over this count,
+/// so it enters as a mean over the batch's sequences.
+pub fn set_objective_tokens(n: usize) {
+    OBJECTIVE_TOKENS.with(|c| c.set(n));
 }
 
 #[derive(Module, Debug)]
@@ -138,9 +157,12 @@ impl MoE {
         let scores = self.cfg.score_func.apply(self.router.gate.forward(flat.clone()).cast(FloatDType::F32));
         let bias = host(self.expert_bias.val());
         let route = Routing::choose(&host(scores.clone()), &bias, e, k);
-        if device.is_autodiff() {
+        let training = device.is_autodiff();
+        let aux = (training && self.cfg.aux_loss_alpha > 0.0).then(|| self.balance_loss(scores.clone(), &route, b, t));
+        if training {
             // Training passes only (a checkpointed block counts in its recomputation).
-            self.load.add(&route.counts);
+            let value = aux.as_ref().map_or(0.0, |(l, scale)| l.clone().into_scalar::<f32>() as f64 * scale);
+            self.load.add(&route.counts, value);
         }
         let ints = |v: &[usize]| Tensor::<1, Int>::from_data(TensorData::new(v.iter().map(|&i| i as i64).collect(), [v.len()]), &device);
         let chosen = ints(&route.experts).reshape([n, k]);
@@ -158,11 +180,33 @@ impl MoE {
         if let Some(s) = &self.shared_experts {
             y = y + s.forward(flat);
         }
+        if let Some((loss, scale)) = aux {
+            y = titan_kernels::attach_aux_loss(y, loss, scale);
+        }
         hooks.moe_output(y.reshape([b, t, d]))
     }
 
-    /// The tokens routed to each expert by the training passes since the last call.
-    pub fn take_load(&self) -> Vec<u64> {
+    /// DeepSeek-V3's sequence-wise balance loss over the `b` sequences of `t` positions this
+    /// rank routes: `α · Σ_e f_e · P_e` per sequence, with `f_e = E / (K·t) ·` (tokens routed
+    /// to `e`) and `P_e` the mean normalised score of `e`; summed over the sequences, with the
+    /// weight that makes it a mean over the batch's sequences in the objective.
+    fn balance_loss(&self, scores: Tensor<2>, route: &Routing, b: usize, t: usize) -> (Tensor<1>, f64) {
+        let (e, k) = (self.cfg.num_experts, self.cfg.top_k);
+        let normalised = scores.clone() / scores.sum_dim(1);
+        let p = normalised.reshape([b, t, e]).mean_dim(1).reshape([b, e]);
+        let mut f = vec![0f32; b * e];
+        for (slot, &expert) in route.experts.iter().enumerate() {
+            f[(slot / k / t) * e + expert] += e as f32 / (k * t) as f32;
+        }
+        let f = Tensor::<2>::from_data(TensorData::new(f, [b, e]), &p.device());
+        let loss = (p * f).sum().mul_scalar(self.cfg.aux_loss_alpha);
+        let tokens = OBJECTIVE_TOKENS.with(|c| c.get()).max(1);
+        (loss, t as f64 / tokens as f64)
+    }
+
+    /// The tokens routed to each expert, and the balance loss, of the training passes since the
+    /// last call.
+    pub fn take_load(&self) -> Load {
         self.load.take()
     }
 

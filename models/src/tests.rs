@@ -30,7 +30,7 @@ fn every_parameter_declares_axes_matching_its_shape() {
     let m = Transformer::new(&args, 0, &cpu());
     let moe = args.moe.clone().unwrap_or(MoeArgs {
         num_experts: 0, top_k: 0, hidden_dim: 0, num_shared_experts: 0, n_dense_layers: 0,
-        score_func: ScoreFunc::Softmax, route_norm: false, route_scale: 1.0, load_balance_coeff: 0.0,
+        score_func: ScoreFunc::Softmax, route_norm: false, route_scale: 1.0, load_balance_coeff: 0.0, aux_loss_alpha: 0.0,
     });
     for s in m.param_specs() {
         assert_eq!(s.axes.len(), s.shape.len(), "{s}");

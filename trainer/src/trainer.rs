@@ -251,6 +251,7 @@ impl Trainer {
         let local_tokens: usize = local.iter().map(|(b, _)| b.num_tokens()).sum();
         // Every rank's batch has the same shape, so the global token count is known up front.
         let total_tokens = local_tokens * self.rank.dp_degree * self.rank.cp_degree();
+        titan_models::moe::set_objective_tokens(total_tokens);
         let inject = self.cfg.debug.inject_nonfinite_at_step == step as i64;
         let (mut loss_sum, mut busy) = (0.0f64, 0.0f64);
         let mut acc = GradientsParams::new();

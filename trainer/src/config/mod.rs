@@ -65,8 +65,18 @@ impl JobConfig {
             })?;
             return titan_models::hf_config::from_hf_config(&text).map_err(|e| format!("{}: {e}", p.display()));
         }
-        titan_models::ModelArgs::flavor(&self.model.flavor)
-            .ok_or_else(|| format!("`model.flavor` = {:?} is not a flavor; use one of {:?} or \"hf\"", self.model.flavor, titan_models::FLAVORS))
+        let mut args = titan_models::ModelArgs::flavor(&self.model.flavor).ok_or_else(|| {
+            format!("`model.flavor` = {:?} is not a flavor; use one of {:?} or \"hf\"", self.model.flavor, titan_models::FLAVORS)
+        })?;
+        if let Some(m) = &mut args.moe {
+            if self.model.moe_load_balance_coeff >= 0.0 {
+                m.load_balance_coeff = self.model.moe_load_balance_coeff;
+            }
+            if self.model.moe_aux_loss_alpha >= 0.0 {
+                m.aux_loss_alpha = self.model.moe_aux_loss_alpha;
+            }
+        }
+        Ok(args)
     }
 
     /// Global batch in samples (resolving -1 for a single data-parallel rank).

@@ -42,8 +42,9 @@ section!(Job {
 
 section!(Model {
     name: String = "llama3".into(),
-    /// tiny | debugmodel | small | 1B | 3B | 8B | 70B | 405B | hf (the shape from
-    /// `hf_assets_path`/config.json, a Hugging Face `LlamaForCausalLM`)
+    /// tiny | debugmodel | small | 1B | 3B | 8B | 70B | 405B | moe_debug | moe_1B (mixture of
+    /// experts) | hf (the shape from `hf_assets_path`/config.json, a Hugging Face
+    /// `LlamaForCausalLM`)
     flavor: String = "debugmodel".into(),
     /// Folder holding `tokenizer.json` (and `config.json` for `flavor = "hf"`).
     hf_assets_path: String = "assets/tokenizer".into(),
@@ -60,6 +61,12 @@ section!(Model {
     /// With block_causal: RoPE positions restart at 0 with each document (titan-rs key; false
     /// counts positions from the row's start, as TorchTitan does)
     rope_per_document: bool = false,
+    /// MoE flavors: the aux-loss-free balancing bias step per optimizer step (TorchTitan's
+    /// `load_balance_coeff`; 0 turns balancing off; -1 keeps the flavor's, 1e-3)
+    moe_load_balance_coeff: f64 = -1.0,
+    /// MoE flavors: weight α of DeepSeek-V3's sequence-wise balance loss (0 = off, the
+    /// flavors' default; CPU device; -1 keeps the flavor's)
+    moe_aux_loss_alpha: f64 = -1.0,
 });
 
 section!(Optimizer {

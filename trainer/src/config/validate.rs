@@ -26,6 +26,11 @@ pub fn validate(c: &JobConfig) -> Result<()> {
     one_of(&mut e, "model.kernels", &c.model.kernels, &["fused", "reference"]);
     one_of(&mut e, "debug.fail_mode", &c.debug.fail_mode, &["kill", "error"]);
     one_of(&mut e, "model.attn_mask_type", &c.model.attn_mask_type, &["causal", "block_causal"]);
+    for (key, v) in [("model.moe_load_balance_coeff", c.model.moe_load_balance_coeff), ("model.moe_aux_loss_alpha", c.model.moe_aux_loss_alpha)] {
+        if !(v >= 0.0 || v == -1.0) || !v.is_finite() {
+            e.push(format!("`{key}` = {v} must be >= 0 (or -1 for the flavor's value)"));
+        }
+    }
     if c.model.rope_per_document && c.model.attn_mask_type != "block_causal" {
         e.push("`model.rope_per_document` = true needs `model.attn_mask_type` = \"block_causal\" (documents are only tracked then)".into());
     }
@@ -240,6 +245,16 @@ pub fn validate(c: &JobConfig) -> Result<()> {
                     args.n_layers,
                 ) {
                     e.push(msg);
+                }
+                let moe_key_set = c.model.moe_load_balance_coeff >= 0.0 || c.model.moe_aux_loss_alpha >= 0.0;
+                if args.moe.is_none() && moe_key_set {
+                    e.push(format!(
+                        "`model.moe_load_balance_coeff` / `model.moe_aux_loss_alpha` apply to mixture-of-experts flavors; `model.flavor` = {:?} is dense",
+                        c.model.flavor
+                    ));
+                }
+                if args.moe.as_ref().is_some_and(|m| m.aux_loss_alpha > 0.0) && t.device != "cpu" {
+                    e.push("`model.moe_aux_loss_alpha` > 0 runs on the CPU device (the loss is attached by a CPU op); set `training.device` = \"cpu\" or the weight to 0".into());
                 }
                 if args.moe.is_some() && c.checkpoint.last_save_in_hf {
                     e.push(format!(

@@ -202,6 +202,7 @@ impl MetricsLogger {
                 // MoE: per layer, max/mean tokens per expert and the tokens of each expert.
                 line["moe_imbalance"] = s.expert_load.iter().map(|l| (format!("layers.{}", l.layer), json!(l.imbalance))).collect();
                 line["moe_tokens_per_expert"] = s.expert_load.iter().map(|l| (format!("layers.{}", l.layer), json!(l.tokens))).collect();
+                line["moe_aux_loss"] = s.expert_load.iter().map(|l| (format!("layers.{}", l.layer), json!(l.aux_loss))).collect();
                 line["all_to_all_time_s"] = json!(s.all_to_all_seconds);
             }
             if !s.tokens_by_source.is_empty() {
