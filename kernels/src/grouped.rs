@@ -10,7 +10,8 @@
 //! loop of small Burn ops and no copy of the sorted rows. Elsewhere (CubeCL devices, and
 //! `fused = false`) [`reference`] loops over the groups with Burn's matmul.
 
-use crate::host::gemm::{matmul, View};
+use crate::host::gemm::{matmul_into, View};
+use std::mem::MaybeUninit;
 use crate::host::{floats, ints, tensor_like};
 use burn::backend::autodiff::{
     checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
@@ -52,14 +53,25 @@ fn offsets(sizes: &[i64], m: usize) -> Vec<usize> {
     off
 }
 
-/// Splits `out` (rows of `width`) into one mutable panel per group.
-fn panels<'a>(mut out: &'a mut [f32], off: &[usize], width: usize) -> Vec<&'a mut [f32]> {
-    let mut v = Vec::with_capacity(off.len() - 1);
-    for g in 0..off.len() - 1 {
-        let (head, tail) = std::mem::take(&mut out).split_at_mut((off[g + 1] - off[g]) * width);
+/// Splits the first `len` elements of `out`'s spare capacity into panels of `sizes[i]` each.
+fn panels<'a>(out: &'a mut Vec<f32>, sizes: impl Iterator<Item = usize>) -> Vec<&'a mut [MaybeUninit<f32>]> {
+    let mut rest = out.spare_capacity_mut();
+    let mut v = Vec::new();
+    for s in sizes {
+        let (head, tail) = std::mem::take(&mut rest).split_at_mut(s);
         v.push(head);
-        out = tail;
+        rest = tail;
     }
+    v
+}
+
+/// A vector of `len` floats every element of which `fill` writes (through its panels).
+fn written(len: usize, fill: impl FnOnce(&mut Vec<f32>)) -> Vec<f32> {
+    let mut v = Vec::with_capacity(len);
+    fill(&mut v);
+    // SAFETY: `fill` wrote the first `len` elements (each panel is a whole product; the
+    // panels cover `len`, checked by `offsets`).
+    unsafe { v.set_len(len) };
     v
 }
 
@@ -67,13 +79,13 @@ fn panels<'a>(mut out: &'a mut [f32], off: &[usize], width: usize) -> Vec<&'a mu
 pub fn forward_host(x: &[f32], w: &[f32], sizes: &[i64], k: usize, n: usize) -> Vec<f32> {
     let m = x.len() / k.max(1);
     let off = offsets(sizes, m);
-    let mut y = vec![0f32; m * n];
-    panels(&mut y, &off, n).into_par_iter().enumerate().for_each(|(g, c)| {
-        let rows = off[g + 1] - off[g];
-        let a = View::rows(&x[off[g] * k..off[g + 1] * k], rows, k);
-        matmul(c, n, false, a, View::rows(&w[g * k * n..(g + 1) * k * n], k, n));
-    });
-    y
+    written(m * n, |y| {
+        let rows = off.windows(2).map(|r| (r[1] - r[0]) * n);
+        panels(y, rows).into_par_iter().enumerate().for_each(|(g, c)| {
+            let a = View::rows(&x[off[g] * k..off[g + 1] * k], off[g + 1] - off[g], k);
+            matmul_into(c, a, View::rows(&w[g * k * n..(g + 1) * k * n], k, n));
+        })
+    })
 }
 
 /// Host backward: `(dx [M, K], dw [G, K, N])`.
@@ -81,17 +93,22 @@ pub fn backward_host(x: &[f32], w: &[f32], sizes: &[i64], dy: &[f32], k: usize, 
     let m = x.len() / k.max(1);
     let off = offsets(sizes, m);
     let groups = sizes.len();
-    let mut dx = vec![0f32; m * k];
-    let mut dw = vec![0f32; groups * k * n];
-    let dw_panels: Vec<&mut [f32]> = dw.chunks_mut((k * n).max(1)).collect();
-    panels(&mut dx, &off, k).into_par_iter().zip(dw_panels).enumerate().for_each(|(g, (dxg, dwg))| {
-        let rows = off[g + 1] - off[g];
-        let xg = View::rows(&x[off[g] * k..off[g + 1] * k], rows, k);
-        let dyg = View::rows(&dy[off[g] * n..off[g + 1] * n], rows, n);
-        let wg = View::rows(&w[g * k * n..(g + 1) * k * n], k, n);
-        matmul(dxg, k, false, dyg, wg.t());
-        matmul(dwg, n, false, xg.t(), dyg);
+    let mut dw = Vec::with_capacity(groups * k * n);
+    let dx = written(m * k, |dx| {
+        let dw_panels = panels(&mut dw, (0..groups).map(|_| k * n));
+        let rows = off.windows(2).map(|r| (r[1] - r[0]) * k);
+        panels(dx, rows).into_par_iter().zip(dw_panels).enumerate().for_each(|(g, (dxg, dwg))| {
+            let rows = off[g + 1] - off[g];
+            let xg = View::rows(&x[off[g] * k..off[g + 1] * k], rows, k);
+            let dyg = View::rows(&dy[off[g] * n..off[g + 1] * n], rows, n);
+            let wg = View::rows(&w[g * k * n..(g + 1) * k * n], k, n);
+            matmul_into(dxg, dyg, wg.t());
+            // An empty group's inner dimension is 0: its gradient is written as zeros.
+            matmul_into(dwg, xg.t(), dyg);
+        });
     });
+    // SAFETY: every group's `[k, n]` panel of `dw` was written above.
+    unsafe { dw.set_len(groups * k * n) };
     (dx, dw)
 }
 

@@ -21,8 +21,13 @@ pub fn plan(cfg: &JobConfig) -> Result<String> {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "mesh: {} rank(s) = replicate {} × shard {} × cp {} × tp {} × pp {pp}",
-        dims.world_size, dims.dp_replicate, dims.dp_shard, dims.cp, dims.tp
+        "mesh: {} rank(s) = replicate {} × shard {} × cp {} × tp {} × pp {pp}{}",
+        dims.world_size,
+        dims.dp_replicate,
+        dims.dp_shard,
+        dims.cp,
+        dims.tp,
+        if dims.ep > 1 { format!(" (ep {} over shard × cp × tp)", dims.ep) } else { String::new() }
     );
     if dims.cp > 1 {
         let (t, c) = (cfg.training.seq_len as usize, dims.cp);
@@ -44,7 +49,32 @@ pub fn plan(cfg: &JobConfig) -> Result<String> {
             dims.fsdp_size()
         );
     }
-    let _ = writeln!(out, "model {}: {} layers", cfg.model.flavor, args.n_layers);
+    if dims.ep > 1 {
+        let m = args.moe.as_ref().expect("validated: expert parallelism needs an MoE model");
+        let _ = writeln!(
+            out,
+            "expert parallel {}: {} routed experts per rank of each MoE layer (of {}), tokens dispatched and combined by all-to-all; expert weights sharded over dp_shard × cp × tp / ep = {}",
+            dims.ep,
+            m.num_experts / dims.ep,
+            m.num_experts,
+            dims.efsdp_size()
+        );
+    }
+    let _ = match &args.moe {
+        Some(m) => writeln!(
+            out,
+            "model {}: {} layers ({} dense), {:.1} M parameters, {:.1} M active per token (top {} of {} experts + {} shared)",
+            cfg.model.flavor,
+            args.n_layers,
+            m.n_dense_layers,
+            args.num_params() as f64 / 1e6,
+            args.num_active_params() as f64 / 1e6,
+            m.top_k,
+            m.num_experts,
+            m.num_shared_experts
+        ),
+        None => writeln!(out, "model {}: {} layers", cfg.model.flavor, args.n_layers),
+    };
     let last = layout.split.num_stages() - 1;
     for (s, layers) in layout.split.layers.iter().enumerate() {
         let mut what = vec![format!("layers {}..{}", layers.start, layers.end)];

@@ -66,6 +66,19 @@ pub fn matmul(c: &mut [f32], ldc: usize, accumulate: bool, a: View, b: View) {
     unsafe { gemm_raw(c.as_mut_ptr(), ldc, accumulate, a, b) }
 }
 
+/// `c = a · b` into uninitialised memory: `c` is exactly the row-major `a.rows × b.cols`
+/// product, and every element is written (zeros when the inner dimension is 0). One thread.
+pub fn matmul_into(c: &mut [std::mem::MaybeUninit<f32>], a: View, b: View) {
+    let (m, n) = check(c.len(), b.cols, &a, &b);
+    assert_eq!(c.len(), m * n, "matmul_into: the output must be exactly the product");
+    if m == 0 || n == 0 {
+        return;
+    }
+    // SAFETY: `check` bounds-checked the views and the output; without accumulation the
+    // output is only written (f32 has no invalid bit patterns), every element of it.
+    unsafe { gemm_raw(c.as_mut_ptr().cast::<f32>(), n, false, a, b) }
+}
+
 /// `a · b`, row-major `a.rows × b.cols`, split over the rayon threads: one panel of columns
 /// per thread (of rows when the product is narrow), each a single-threaded GEMM. Every output
 /// element is computed by one thread.

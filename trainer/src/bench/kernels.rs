@@ -184,6 +184,32 @@ pub fn bench_kernels(device: &Device, shapes: &Shapes, iters: usize) -> Result<V
         &|| grad_w(false).expect("dw"),
     ));
 
+    // The routed experts of an MoE layer (the model's, else 8 experts of f/4, top 2): the
+    // tokens' copies sorted by expert with uneven group sizes, `y = x·w[g]` per group, forward
+    // + backward (dx and dw). The reference is one Burn matmul per expert.
+    let (e, top, eh) = a.moe.as_ref().map_or((8, 2, f / 4), |m| (m.num_experts, m.top_k, m.hidden_dim));
+    let rows_total = n * top;
+    let weights: Vec<usize> = (0..e).map(|g| 1 + (g * 7 + 3) % 5).collect();
+    let wsum: usize = weights.iter().sum();
+    let mut sizes: Vec<usize> = weights.iter().map(|&w| rows_total * w / wsum).collect();
+    sizes[0] += rows_total - sizes.iter().sum::<usize>();
+    let lift3 = |x: Tensor<3>| Tensor::<3>::from_data(x.to_data(), &ad).require_grad();
+    let (xg, wg) = (lift2(random([rows_total, d], device)), lift3(random([e, d, eh], device)));
+    let rg = Tensor::<2>::from_data(random([rows_total, eh], device).to_data(), &ad);
+    let grouped = |fused: bool| {
+        let y = titan_kernels::grouped_matmul(xg.clone(), wg.clone(), &sizes, fused);
+        wg.grad(&(y * rg.clone()).sum().backward())
+    };
+    rows.push(row(
+        "grouped expert GEMM fwd+bwd",
+        format!("{rows_total}×{d} over {e} experts ·{d}×{eh}"),
+        iters,
+        word * (3 * (rows_total * d + e * d * eh + rows_total * eh)) as f64,
+        (6 * rows_total * d * eh) as f64,
+        &|| grouped(true).expect("dw"),
+        &|| grouped(false).expect("dw"),
+    ));
+
     let logits = random([b, t, v], device);
     let targets = Tensor::<2, Int>::random([b, t], burn::tensor::Distribution::Uniform(0.0, v as f64), device);
     rows.push(row(

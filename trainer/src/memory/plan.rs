@@ -25,7 +25,7 @@
 //! stage keeps the final norm's input and output (`2d`) and float32 logits (`vocab / tp`).
 
 use crate::config::JobConfig;
-use crate::parallelize::tp_split_dim;
+use crate::parallelize::{ep_split_dim, tp_split_dim};
 use crate::pipeline::RankLayout;
 use anyhow::{anyhow, Result};
 use burn::prelude::*;
@@ -80,6 +80,10 @@ struct Widths {
     vocab: u64,
     /// Positions of the residual stream per position of the sequence (`1/tp` under SP).
     residual_share: f64,
+    /// A mixture-of-experts FFN's activations per token (all kept / kept under op-level AC):
+    /// the router scores, each of the `top_k` dispatched copies of the token (its gathered row,
+    /// the two expert projections, their `silu · mul`, the expert output) and the shared experts.
+    moe: Option<(u64, u64)>,
 }
 
 impl Widths {
@@ -93,13 +97,33 @@ impl Widths {
             heads: a.n_heads as u64 / tp,
             vocab: (a.vocab_size as u64).div_ceil(tp),
             residual_share: if sp && tp > 1 { 1.0 / tp as f64 } else { 1.0 },
+            moe: a.moe.as_ref().map(|m| {
+                let (k, h, d) = (m.top_k as u64, m.hidden_dim as u64, a.dim as u64);
+                let shared = (m.num_shared_experts * m.hidden_dim) as u64;
+                let e = m.num_experts as u64;
+                (3 * e + k * (2 * d + 3 * h) + 3 * shared, k * (d + 2 * h) + 2 * shared + e)
+            }),
         }
     }
 
-    /// Bytes one block keeps per token without checkpointing.
-    fn block(&self, elem: u64) -> f64 {
+    /// Per-token FFN activations of block `layer` (all kept, or kept under op-level AC).
+    fn ffn(&self, a: &ModelArgs, layer: usize, ops: bool) -> u64 {
+        match self.moe {
+            Some((all, kept)) if a.is_moe_layer(layer) => {
+                if ops {
+                    kept
+                } else {
+                    all
+                }
+            }
+            _ => (if ops { 2 } else { 3 }) * self.f,
+        }
+    }
+
+    /// Bytes block `layer` keeps per token without checkpointing.
+    fn block(&self, a: &ModelArgs, layer: usize, elem: u64) -> f64 {
         let residual = 2.0 * self.d as f64 * self.residual_share;
-        let full = 2 * self.d + self.q + 2 * self.kv + 2 * self.q + 3 * self.f;
+        let full = 2 * self.d + self.q + 2 * self.kv + 2 * self.q + self.ffn(a, layer, false);
         (residual + full as f64) * elem as f64 + 4.0 * self.heads as f64
     }
 
@@ -107,8 +131,8 @@ impl Widths {
     /// compute-bound ops — the q, k, v projections, the attention output (and its log-sum-exp),
     /// the `wo` and `w2` outputs, the FFN's gate and up projections; norms, RoPE, `silu · mul`,
     /// the residual adds and copies are recomputed.
-    fn ops(&self, elem: u64) -> f64 {
-        let kept = self.q + 2 * self.kv + self.q + 2 * self.f;
+    fn ops(&self, a: &ModelArgs, layer: usize, elem: u64) -> f64 {
+        let kept = self.q + 2 * self.kv + self.q + self.ffn(a, layer, true);
         (kept as f64 + 2.0 * self.d as f64 * self.residual_share) * elem as f64 + 4.0 * self.heads as f64
     }
 
@@ -133,6 +157,8 @@ pub fn rank_memory(cfg: &JobConfig, args: &ModelArgs, dims: &ParallelDims, pp_ra
     // Context-parallel ranks shard the weights with the shard group, and hold 1/cp of each
     // sequence.
     let (shard, cp) = (dims.fsdp_size().max(1) as u64, dims.cp.max(1));
+    // Expert parallelism: the routed experts split over ep ranks, sharded over the rest.
+    let (ep, expert_shard) = (dims.ep.max(1) as u64, dims.efsdp_size().max(1) as u64);
     let elem: u64 = if cfg.training.mixed_precision_param == "float32" { 4 } else { 2 };
     let w = Widths::new(args, tp, p.enable_sequence_parallel);
     let tokens = (local_batch / layout.microbatches * cfg.training.seq_len as usize / cp) as f64;
@@ -149,8 +175,19 @@ pub fn rank_memory(cfg: &JobConfig, args: &ModelArgs, dims: &ParallelDims, pp_ra
             if let Some(d) = tp_split_dim(&spec.path).filter(|_| tp > 1) {
                 shape[d] = shape[d].div_ceil(tp);
             }
+            let routed = ep > 1 && ep_split_dim(&spec.path).is_some();
+            if routed {
+                shape[0] /= ep;
+            }
             let full: u64 = shape.iter().product();
             largest_param = largest_param.max(full);
+            let shard = if titan_models::moe::is_balancing_bias(&spec.path) {
+                1
+            } else if routed {
+                expert_shard
+            } else {
+                shard
+            };
             if shard > 1 {
                 shape[0] = shape[0].div_ceil(shard);
             }
@@ -169,9 +206,9 @@ pub fn rank_memory(cfg: &JobConfig, args: &ModelArgs, dims: &ParallelDims, pp_ra
         }
         for l in layout.split.layers[stage].clone() {
             chunk_act += match ac {
-                Checkpointing::Ops => w.ops(elem),
+                Checkpointing::Ops => w.ops(args, l, elem),
                 _ if ac.covers(l) => w.checkpointed(elem),
-                _ => w.block(elem),
+                _ => w.block(args, l, elem),
             };
         }
         // The last stage (it has the final norm) makes the logits, tied head or not.
@@ -188,7 +225,7 @@ pub fn rank_memory(cfg: &JobConfig, args: &ModelArgs, dims: &ParallelDims, pp_ra
         layout.microbatches,
         pp_rank,
     ));
-    let per_layer = (w.block(elem) * tokens) as u64;
+    let per_layer = (0..args.n_layers).map(|l| (w.block(args, l, elem) * tokens) as u64).max().unwrap_or(0);
     let any_ckpt = (0..args.n_layers).any(|l| ac.covers(l));
     // The first backward pass holds the logits' gradient (float32); a recomputed block's
     // activations are consumed while its gradients are made, so one block's worth at a time,
