@@ -28,6 +28,17 @@ fn training_on_the_wgpu_adapter_matches_the_cpu_run() {
     assert_eq!(ac, gpu, "wgpu: activation checkpointing changed the steps");
 }
 
+/// A mixture-of-experts model on the adapter (the grouped expert GEMM's CubeCL kernels, forward
+/// and backward) follows the CPU run.
+#[test]
+fn moe_training_on_the_wgpu_adapter_matches_the_cpu_run() {
+    let d = tempfile::tempdir().unwrap();
+    let flags = "--model.flavor moe_debug --training.global_batch_size 4 --parallelism.data_parallel_shard_degree 1";
+    let cpu = layout_run(&d.path().join("cpu"), flags, 2);
+    let gpu = layout_run(&d.path().join("wgpu"), &format!("{flags} --training.device wgpu"), 2);
+    assert_matches("moe_debug wgpu vs cpu", &cpu, &gpu, 1e-5);
+}
+
 #[test]
 fn a_missing_adapter_is_a_clear_error_listing_what_exists() {
     let d = tempfile::tempdir().unwrap();
@@ -57,7 +68,7 @@ fn half_precision_on_the_wgpu_adapter() {
     }
 }
 
-/// `titan-rs bench kernels` checks and times every kernel on the device: eight rows, each within
+/// `titan-rs bench kernels` checks and times every kernel on the device: nine rows, each within
 /// float32 tolerance of its reference (the timings are printed, not asserted).
 #[test]
 fn bench_kernels_checks_every_kernel_on_the_device() {
@@ -67,7 +78,7 @@ fn bench_kernels_checks_every_kernel_on_the_device() {
     let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| kernel")).collect();
     let names: Vec<&str> = rows.iter().map(|r| r.split('|').nth(1).unwrap().trim()).collect();
     let want =
-        ["rms_norm", "silu_mul", "rope", "attention fwd", "attention fwd+bwd", "block-causal attention fwd+bwd", "linear fwd+bwd", "cross_entropy"];
+        ["rms_norm", "silu_mul", "rope", "attention fwd", "attention fwd+bwd", "block-causal attention fwd+bwd", "linear fwd+bwd", "grouped expert GEMM fwd+bwd", "cross_entropy"];
     assert_eq!(names, want, "{out}");
     for r in rows {
         let err: f64 = r.split('|').nth(3).unwrap().trim().parse().unwrap();

@@ -7,8 +7,9 @@
 //!
 //! On the CPU each group's panel is one rayon task running a single-threaded GEMM
 //! ([`crate::host::gemm::matmul`]), forward and backward, so the experts run in parallel with no
-//! loop of small Burn ops and no copy of the sorted rows. Elsewhere (CubeCL devices, and
-//! `fused = false`) [`reference`] loops over the groups with Burn's matmul.
+//! loop of small Burn ops and no copy of the sorted rows. On CubeCL devices three kernels
+//! (`crate::cube`): one thread per output element, each finding its row's group from the sizes.
+//! With `fused = false`, [`reference`] loops over the groups with Burn's matmul.
 
 use crate::host::gemm::{matmul_into, View};
 use std::mem::MaybeUninit;
@@ -24,12 +25,23 @@ use burn::backend::{AutodiffBackend, TensorMetadata};
 use burn::prelude::*;
 use rayon::prelude::*;
 
-#[backend_extension(Flex, Autodiff)]
+/// The output spec `[M, N]` of `x: [M, K]` times `w: [G, K, N]`.
+#[cfg(feature = "cube")]
+fn out_spec(
+    x: &burn::backend::fusion::custom::TensorSpec,
+    w: &burn::backend::fusion::custom::TensorSpec,
+) -> burn::backend::fusion::custom::TensorSpec {
+    burn::backend::fusion::custom::TensorSpec::new(Shape::new([x.shape[0], w.shape[2]]), x.dtype)
+}
+
+#[backend_extension(Flex, Autodiff, Cube: cfg(feature = "cube"), Fusion: cfg(feature = "cube"))]
 pub trait GroupedOps: Backend {
     /// `y: [M, N]` of `x: [M, K]` (rows sorted by group), `w: [G, K, N]`, `sizes: [G]`.
+    #[fusion(meta = |x, w, _sizes| out_spec(x, w))]
     fn grouped_mm_fwd(x: FloatTensor<Self>, w: FloatTensor<Self>, sizes: IntTensor<Self>) -> FloatTensor<Self>;
 
     /// `(dx, dw)`.
+    #[fusion(meta = |x, w, _sizes, _dy| (x.clone(), w.clone()))]
     fn grouped_mm_bwd(
         x: FloatTensor<Self>,
         w: FloatTensor<Self>,
@@ -38,6 +50,7 @@ pub trait GroupedOps: Backend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
     /// The differentiable grouped product.
+    #[fusion(default)]
     fn grouped_mm(x: FloatTensor<Self>, w: FloatTensor<Self>, sizes: IntTensor<Self>) -> FloatTensor<Self> {
         Self::grouped_mm_fwd(x, w, sizes)
     }
@@ -179,10 +192,10 @@ impl<B: Backend + GroupedOps, C: CheckpointStrategy> GroupedOps for Autodiff<B, 
 }
 
 /// `y[rows of g] = x[rows of g] · w[g]` for rows sorted by group (`sizes[g]` rows each): the
-/// CPU kernel where the device has it, else [`reference`].
+/// CPU or CubeCL kernel where the device has one, else [`reference`].
 pub fn grouped_matmul(x: Tensor<2>, w: Tensor<3>, sizes: &[usize], fused: bool) -> Tensor<2> {
     let device = x.device();
-    if fused && crate::has_kernels(&device) && !crate::on_cube(&device) {
+    if fused && crate::has_kernels(&device) {
         let s = Tensor::<1, Int>::from_data(TensorData::new(sizes.iter().map(|&v| v as i64).collect(), [sizes.len()]), &device);
         return Tensor::from_dispatch(Dispatch::grouped_mm(x.into_dispatch(), w.into_dispatch(), s.into_dispatch()));
     }

@@ -383,3 +383,113 @@ pub fn cross_entropy_bwd<F: Float, I: Numeric>(
     }
     dlogits[idx] = g * dloss[row];
 }
+
+/// The group of `row` (rows sorted by group, `sizes[g]` rows each) and the group's first row.
+#[cube]
+fn group_of<I: Numeric>(sizes: &Tensor<I>, groups: usize, row: usize) -> (usize, usize) {
+    let mut start = 0usize;
+    let mut g = 0usize;
+    let mut found = groups;
+    let mut found_start = 0usize;
+    while g < groups {
+        let end = start + u32::cast_from(sizes[g]) as usize;
+        if found == groups && row < end {
+            found = g;
+            found_start = start;
+        }
+        start = end;
+        g += 1;
+    }
+    (found, found_start)
+}
+
+/// Grouped GEMM forward: `y[r, c] = Σ_j x[r, j] · w[g(r), j, c]`, one thread per element of
+/// `y: [m, n]`, `x: [m, k]`, `w: [groups, k, n]`.
+#[cube(launch)]
+pub fn grouped_mm_fwd<F: Float, I: Numeric>(
+    x: &Tensor<F>,
+    w: &Tensor<F>,
+    sizes: &Tensor<I>,
+    y: &mut Tensor<F>,
+    m: u32,
+    k: u32,
+    n: u32,
+    groups: u32,
+    #[define(F, I)] _dtypes: [ElemType; 2],
+) {
+    let idx = ABSOLUTE_POS as usize;
+    let (kk, nn) = (k as usize, n as usize);
+    if idx >= m as usize * nn {
+        terminate!();
+    }
+    let (r, c) = (idx / nn, idx % nn);
+    let (g, _) = group_of::<I>(sizes, groups as usize, r);
+    let wb = g * kk * nn;
+    let mut acc = F::new(0.0);
+    for j in 0..kk {
+        acc = acc + x[r * kk + j] * w[wb + j * nn + c];
+    }
+    y[idx] = acc;
+}
+
+/// Grouped GEMM input gradient: `dx[r, j] = Σ_c dy[r, c] · w[g(r), j, c]`, one thread per
+/// element of `dx: [m, k]`.
+#[cube(launch)]
+pub fn grouped_mm_dx<F: Float, I: Numeric>(
+    w: &Tensor<F>,
+    sizes: &Tensor<I>,
+    dy: &Tensor<F>,
+    dx: &mut Tensor<F>,
+    m: u32,
+    k: u32,
+    n: u32,
+    groups: u32,
+    #[define(F, I)] _dtypes: [ElemType; 2],
+) {
+    let idx = ABSOLUTE_POS as usize;
+    let (kk, nn) = (k as usize, n as usize);
+    if idx >= m as usize * kk {
+        terminate!();
+    }
+    let (r, j) = (idx / kk, idx % kk);
+    let (g, _) = group_of::<I>(sizes, groups as usize, r);
+    let wb = g * kk * nn + j * nn;
+    let mut acc = F::new(0.0);
+    for c in 0..nn {
+        acc = acc + dy[r * nn + c] * w[wb + c];
+    }
+    dx[idx] = acc;
+}
+
+/// Grouped GEMM weight gradient: `dw[g, j, c] = Σ_{r of g} x[r, j] · dy[r, c]`, one thread per
+/// element of `dw: [groups, k, n]` (zero for a group without rows).
+#[cube(launch)]
+pub fn grouped_mm_dw<F: Float, I: Numeric>(
+    x: &Tensor<F>,
+    sizes: &Tensor<I>,
+    dy: &Tensor<F>,
+    dw: &mut Tensor<F>,
+    k: u32,
+    n: u32,
+    groups: u32,
+    #[define(F, I)] _dtypes: [ElemType; 2],
+) {
+    let idx = ABSOLUTE_POS as usize;
+    let (kk, nn) = (k as usize, n as usize);
+    if idx >= groups as usize * kk * nn {
+        terminate!();
+    }
+    let g = idx / (kk * nn);
+    let j = (idx / nn) % kk;
+    let c = idx % nn;
+    let mut start = 0usize;
+    for p in 0..g {
+        start += u32::cast_from(sizes[p]) as usize;
+    }
+    let rows = u32::cast_from(sizes[g]) as usize;
+    let mut acc = F::new(0.0);
+    for r in start..start + rows {
+        acc = acc + x[r * kk + j] * dy[r * nn + c];
+    }
+    dw[idx] = acc;
+}

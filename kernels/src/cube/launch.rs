@@ -2,6 +2,7 @@
 
 use super::kernels as kern;
 use crate::attention::FusedAttentionOps;
+use crate::grouped::GroupedOps;
 use crate::ops::KernelOps;
 use burn::backend::cubecl::dtype_to_storage_type;
 use burn::tensor::Shape;
@@ -295,5 +296,75 @@ impl FusedAttentionOps for CubeBackend {
 
     fn fused_attention(q: CubeTensor, k: CubeTensor, v: CubeTensor, starts: CubeTensor, scale: f64) -> CubeTensor {
         Self::fused_attention_fwd(q, k, v, starts, scale).0
+    }
+}
+
+/// `(m, k, n, groups)` of `x: [m, k]` and `w: [groups, k, n]`.
+fn grouped_dims(x: &CubeTensor, w: &CubeTensor) -> (usize, usize, usize, usize) {
+    let (xd, wd) = (dims(x), dims(w));
+    (xd[0], xd[1], wd[2], wd[0])
+}
+
+impl GroupedOps for CubeBackend {
+    fn grouped_mm_fwd(x: CubeTensor, w: CubeTensor, sizes: CubeTensor) -> CubeTensor {
+        let (x, w, sizes) = (into_contiguous(x), into_contiguous(w), into_contiguous(sizes));
+        let (m, k, n, groups) = grouped_dims(&x, &w);
+        let y = empty_like(&x, vec![m, n]);
+        let (count, cube) = grid(&x, m * n);
+        let dtypes = [dtype_to_storage_type(x.dtype), dtype_to_storage_type(sizes.dtype)];
+        kern::grouped_mm_fwd::launch(
+            &x.client.clone(),
+            count,
+            cube,
+            x.into_tensor_arg(),
+            w.into_tensor_arg(),
+            sizes.into_tensor_arg(),
+            y.clone().into_tensor_arg(),
+            m as u32,
+            k as u32,
+            n as u32,
+            groups as u32,
+            dtypes,
+        );
+        y
+    }
+
+    fn grouped_mm_bwd(x: CubeTensor, w: CubeTensor, sizes: CubeTensor, dy: CubeTensor) -> (CubeTensor, CubeTensor) {
+        let (x, w) = (into_contiguous(x), into_contiguous(w));
+        let (sizes, dy) = (into_contiguous(sizes), into_contiguous(dy));
+        let (m, k, n, groups) = grouped_dims(&x, &w);
+        let (dx, dw) = (empty_like(&x, vec![m, k]), empty_like(&w, vec![groups, k, n]));
+        let dtypes = [dtype_to_storage_type(x.dtype), dtype_to_storage_type(sizes.dtype)];
+        let client = x.client.clone();
+        let (count, cube) = grid(&x, m * k);
+        kern::grouped_mm_dx::launch(
+            &client,
+            count,
+            cube,
+            w.clone().into_tensor_arg(),
+            sizes.clone().into_tensor_arg(),
+            dy.clone().into_tensor_arg(),
+            dx.clone().into_tensor_arg(),
+            m as u32,
+            k as u32,
+            n as u32,
+            groups as u32,
+            dtypes,
+        );
+        let (count, cube) = grid(&x, groups * k * n);
+        kern::grouped_mm_dw::launch(
+            &client,
+            count,
+            cube,
+            x.into_tensor_arg(),
+            sizes.into_tensor_arg(),
+            dy.into_tensor_arg(),
+            dw.clone().into_tensor_arg(),
+            k as u32,
+            n as u32,
+            groups as u32,
+            dtypes,
+        );
+        (dx, dw)
     }
 }
