@@ -8,11 +8,7 @@
 #   scripts/cp_bench.sh [ROUNDS] [STEPS]
 set -eu
 cd "$(dirname "$0")/.."
-ROUNDS=${1:-2}
-STEPS=${2:-3}
-BIN=${TITAN_RS:-${CARGO_TARGET_DIR:-target}/release/titan-rs}
-OUT=$(mktemp -d)
-trap 'rm -rf "$OUT"' EXIT
+. scripts/bench_env.sh
 ARGS="--config configs/llama_debug.toml --training.seq_len 8192 --training.local_batch_size 1 --training.global_batch_size 1 --parallelism.data_parallel_shard_degree 1 --validation.enable false --checkpoint.enable false --metrics.log_freq 1 --metrics.save_loss_curve false --training.steps $STEPS"
 for round in $(seq "$ROUNDS"); do
     for cp in 1 2 4; do

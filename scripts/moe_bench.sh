@@ -10,11 +10,7 @@
 #   scripts/moe_bench.sh [ROUNDS] [STEPS]
 set -eu
 cd "$(dirname "$0")/.."
-ROUNDS=${1:-2}
-STEPS=${2:-3}
-BIN=${TITAN_RS:-${CARGO_TARGET_DIR:-target}/release/titan-rs}
-OUT=$(mktemp -d)
-trap 'rm -rf "$OUT"' EXIT
+. scripts/bench_env.sh
 # The dense twin: moe_1B's shape with an FFN as wide as one token's active experts.
 mkdir -p "$OUT/dense"
 cp assets/tokenizer/tokenizer.json "$OUT/dense/"

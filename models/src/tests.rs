@@ -290,6 +290,7 @@ fn balancing_bias_moves_a_skewed_router_toward_balance() {
         bias = bias_update(&bias, &load(&bias), 1e-3);
     }
     let after = imbalance(&load(&bias));
+    eprintln!("skewed router: max/mean load {before:.2} → {after:.2} after 400 bias steps");
     assert!(before > 3.5 && after < 1.25, "imbalance {before:.2} → {after:.2}");
     assert!(bias.iter().sum::<f32>().abs() < 1e-4, "the bias steps are centred: {bias:?}");
     assert_eq!(bias_update(&[0.1, -0.1], &[5, 5], 1e-3), vec![0.1, -0.1]);

@@ -403,62 +403,38 @@ fn group_of<I: Numeric>(sizes: &Tensor<I>, groups: usize, row: usize) -> (usize,
     (found, found_start)
 }
 
-/// Grouped GEMM forward: `y[r, c] = Σ_j x[r, j] · w[g(r), j, c]`, one thread per element of
-/// `y: [m, n]`, `x: [m, k]`, `w: [groups, k, n]`.
+/// The row products of the grouped GEMM, one thread per element of `out: [m, width]`:
+/// `out[r, c] = Σ_i a[r, i] · w[g(r)·group_stride + c·col_stride + i·inner_stride]` with
+/// `a: [m, inner]`. Forward: `a = x`, `w[g]` read as `[k, n]` (`col_stride` 1, `inner_stride`
+/// n); input gradient: `a = dy`, `w[g]` read transposed (`col_stride` n, `inner_stride` 1).
 #[cube(launch)]
-pub fn grouped_mm_fwd<F: Float, I: Numeric>(
-    x: &Tensor<F>,
+pub fn grouped_mm_rows<F: Float, I: Numeric>(
+    a: &Tensor<F>,
     w: &Tensor<F>,
     sizes: &Tensor<I>,
-    y: &mut Tensor<F>,
+    out: &mut Tensor<F>,
     m: u32,
-    k: u32,
-    n: u32,
+    inner: u32,
+    width: u32,
+    group_stride: u32,
+    col_stride: u32,
+    inner_stride: u32,
     groups: u32,
     #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
     let idx = ABSOLUTE_POS as usize;
-    let (kk, nn) = (k as usize, n as usize);
-    if idx >= m as usize * nn {
+    let (ki, wd) = (inner as usize, width as usize);
+    if idx >= m as usize * wd {
         terminate!();
     }
-    let (r, c) = (idx / nn, idx % nn);
+    let (r, c) = (idx / wd, idx % wd);
     let (g, _) = group_of::<I>(sizes, groups as usize, r);
-    let wb = g * kk * nn;
+    let wb = g * group_stride as usize + c * col_stride as usize;
     let mut acc = F::new(0.0);
-    for j in 0..kk {
-        acc = acc + x[r * kk + j] * w[wb + j * nn + c];
+    for i in 0..ki {
+        acc = acc + a[r * ki + i] * w[wb + i * inner_stride as usize];
     }
-    y[idx] = acc;
-}
-
-/// Grouped GEMM input gradient: `dx[r, j] = Σ_c dy[r, c] · w[g(r), j, c]`, one thread per
-/// element of `dx: [m, k]`.
-#[cube(launch)]
-pub fn grouped_mm_dx<F: Float, I: Numeric>(
-    w: &Tensor<F>,
-    sizes: &Tensor<I>,
-    dy: &Tensor<F>,
-    dx: &mut Tensor<F>,
-    m: u32,
-    k: u32,
-    n: u32,
-    groups: u32,
-    #[define(F, I)] _dtypes: [ElemType; 2],
-) {
-    let idx = ABSOLUTE_POS as usize;
-    let (kk, nn) = (k as usize, n as usize);
-    if idx >= m as usize * kk {
-        terminate!();
-    }
-    let (r, j) = (idx / kk, idx % kk);
-    let (g, _) = group_of::<I>(sizes, groups as usize, r);
-    let wb = g * kk * nn + j * nn;
-    let mut acc = F::new(0.0);
-    for c in 0..nn {
-        acc = acc + dy[r * nn + c] * w[wb + c];
-    }
-    dx[idx] = acc;
+    out[idx] = acc;
 }
 
 /// Grouped GEMM weight gradient: `dw[g, j, c] = Σ_{r of g} x[r, j] · dy[r, c]`, one thread per
