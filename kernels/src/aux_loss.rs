@@ -81,10 +81,10 @@ mod tests {
         let y = x.clone().mul_scalar(2.0);
         let loss = (a.clone() * a.clone()).sum();
         let out = attach_aux_loss(y, loss, 0.25);
-        assert_eq!(out.to_data().to_vec::<f32>().unwrap(), vec![2.0, 4.0, 6.0, 8.0]);
+        assert_eq!(out.to_data().try_to_vec::<f32>().unwrap(), vec![2.0, 4.0, 6.0, 8.0]);
         let g = (out * Tensor::<2>::from_data([[1.0f32, 0.0], [0.0, 1.0]], &dev)).sum().backward();
-        assert_eq!(x.grad(&g).unwrap().to_data().to_vec::<f32>().unwrap(), vec![2.0, 0.0, 0.0, 2.0]);
+        assert_eq!(x.grad(&g).unwrap().to_data().try_to_vec::<f32>().unwrap(), vec![2.0, 0.0, 0.0, 2.0]);
         // d(0.25 · Σa²)/da = 0.5 · a
-        assert_eq!(a.grad(&g).unwrap().to_data().to_vec::<f32>().unwrap(), vec![0.25, -0.75]);
+        assert_eq!(a.grad(&g).unwrap().to_data().try_to_vec::<f32>().unwrap(), vec![0.25, -0.75]);
     }
 }

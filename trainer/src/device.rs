@@ -45,16 +45,93 @@ fn check(device: &Device, name: &str) -> Result<()> {
     }
 }
 
+/// One GPU adapter as `titan-rs devices` reports it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Adapter {
+    pub name: String,
+    /// discrete GPU, integrated GPU, virtual GPU, software adapter, other
+    pub kind: String,
+    /// Its index among the adapters of its kind (`training.device_index`).
+    pub index: usize,
+    pub backend: String,
+    pub driver: String,
+    pub driver_info: String,
+    pub vendor: u32,
+    /// What `training.device = "wgpu"` with `device_index = 0` trains on: the first discrete
+    /// GPU, else integrated, virtual, then software.
+    pub chosen: bool,
+    /// Whether the device computes in these types (`training.mixed_precision_param`).
+    pub float16: bool,
+    pub bfloat16: bool,
+}
+
+/// The wgpu adapters (empty without the `wgpu` feature), in the order [`select`] prefers their
+/// kinds: discrete GPUs first (a real NVIDIA card before Mesa's llvmpipe/lavapipe).
+pub fn adapters() -> Vec<Adapter> {
+    #[cfg(feature = "wgpu")]
+    {
+        use burn::tensor::DType;
+        let infos = enumerate("wgpu");
+        let mut out = Vec::new();
+        for (kind, t) in &KINDS {
+            for (index, i) in infos.iter().filter(|i| i.device_type == *t).enumerate() {
+                let device = Device::wgpu(device_kind(*t, index));
+                let supports = |d: DType| std::panic::catch_unwind(|| device.supports_dtype(d)).unwrap_or(false);
+                out.push(Adapter {
+                    name: i.name.clone(),
+                    kind: kind.to_string(),
+                    index,
+                    backend: format!("{:?}", i.backend),
+                    driver: i.driver.clone(),
+                    driver_info: i.driver_info.clone(),
+                    vendor: i.vendor,
+                    chosen: out.is_empty(),
+                    float16: supports(DType::F16),
+                    bfloat16: supports(DType::BF16),
+                });
+            }
+        }
+        out
+    }
+    #[cfg(not(feature = "wgpu"))]
+    Vec::new()
+}
+
+/// Adapter kinds in the order they are preferred.
 #[cfg(feature = "wgpu")]
-fn wgpu_device(name: &str, index: usize) -> Result<Device> {
+const KINDS: [(&str, wgpu::DeviceType); 4] = [
+    ("discrete GPU", wgpu::DeviceType::DiscreteGpu),
+    ("integrated GPU", wgpu::DeviceType::IntegratedGpu),
+    ("virtual GPU", wgpu::DeviceType::VirtualGpu),
+    ("software adapter", wgpu::DeviceType::Cpu),
+];
+
+#[cfg(feature = "wgpu")]
+fn device_kind(t: wgpu::DeviceType, index: usize) -> burn::tensor::DeviceKind {
     use burn::tensor::DeviceKind;
-    use wgpu::{Backends, DeviceType};
+    match t {
+        wgpu::DeviceType::DiscreteGpu => DeviceKind::DiscreteGpu(index),
+        wgpu::DeviceType::IntegratedGpu => DeviceKind::IntegratedGpu(index),
+        wgpu::DeviceType::VirtualGpu => DeviceKind::VirtualGpu(index),
+        _ => DeviceKind::Cpu,
+    }
+}
+
+/// The adapters wgpu sees for `training.device = name` (`vulkan`: Vulkan ones only).
+#[cfg(feature = "wgpu")]
+fn enumerate(name: &str) -> Vec<wgpu::AdapterInfo> {
+    use wgpu::Backends;
     let backends = if name == "vulkan" { Backends::VULKAN } else { Backends::all() };
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     desc.backends = backends;
     let instance = wgpu::Instance::new(desc);
-    let infos: Vec<wgpu::AdapterInfo> =
-        pollster::block_on(instance.enumerate_adapters(backends)).iter().map(|a| a.get_info()).collect();
+    pollster::block_on(instance.enumerate_adapters(backends)).iter().map(|a| a.get_info()).collect()
+}
+
+#[cfg(feature = "wgpu")]
+fn wgpu_device(name: &str, index: usize) -> Result<Device> {
+    use wgpu::DeviceType;
+    let infos = enumerate(name);
     let of = |t: DeviceType| infos.iter().filter(|i| i.device_type == t).collect::<Vec<_>>();
     let list = || {
         if infos.is_empty() {
@@ -76,27 +153,21 @@ fn wgpu_device(name: &str, index: usize) -> Result<Device> {
             bail!("`training.device_index` = {index}: there are {} {kind}(s); adapters found: {}", found.len(), list())
         }
     };
-    let kind = if !of(DeviceType::DiscreteGpu).is_empty() {
-        DeviceKind::DiscreteGpu(pick("discrete GPU", of(DeviceType::DiscreteGpu))?)
-    } else if !of(DeviceType::IntegratedGpu).is_empty() {
-        DeviceKind::IntegratedGpu(pick("integrated GPU", of(DeviceType::IntegratedGpu))?)
-    } else if !of(DeviceType::VirtualGpu).is_empty() {
-        DeviceKind::VirtualGpu(pick("virtual GPU", of(DeviceType::VirtualGpu))?)
-    } else if !of(DeviceType::Cpu).is_empty() {
-        let i = pick("software adapter", of(DeviceType::Cpu))?;
-        tracing::warn!(
-            "`training.device` = {name:?}: the only adapter is the software one {:?}; kernels run on the CPU through it, far slower than `cpu`",
-            of(DeviceType::Cpu)[i].name
-        );
-        DeviceKind::Cpu
-    } else {
+    let Some((kind, t)) = KINDS.iter().find(|(_, t)| !of(*t).is_empty()) else {
         bail!(
             "`training.device` = {name:?}: no {} adapter found (adapters: {}); install a GPU driver, or Mesa's software Vulkan (`apt-get install mesa-vulkan-drivers libvulkan1`), or use `training.device = \"cpu\"`",
             if name == "vulkan" { "Vulkan" } else { "wgpu" },
             list()
         )
     };
-    Ok(Device::wgpu(kind))
+    let i = pick(kind, of(*t))?;
+    if *t == DeviceType::Cpu {
+        tracing::warn!(
+            "`training.device` = {name:?}: the only adapter is the software one {:?}; kernels run on the CPU through it, far slower than `cpu`",
+            of(*t)[i].name
+        );
+    }
+    Ok(Device::wgpu(device_kind(*t, i)))
 }
 
 #[cfg(not(feature = "wgpu"))]

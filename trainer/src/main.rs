@@ -90,6 +90,13 @@ enum Command {
         #[command(subcommand)]
         command: CheckpointCommand,
     },
+    /// The GPU adapters this build sees (wgpu): name, kind, backend, driver, float16/bfloat16
+    /// support, and which one `training.device = "wgpu"` trains on.
+    Devices {
+        /// Also write them as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -159,6 +166,9 @@ enum BenchKind {
         /// Alternating rounds of titan-rs and the baseline (medians and ranges reported).
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+        /// Also write the result as JSON to this file (without a baseline).
+        #[arg(long)]
+        json: Option<PathBuf>,
         #[command(flatten)]
         config: ConfigArgs,
     },
@@ -173,6 +183,9 @@ enum BenchKind {
         /// The device's peak TFLOP/s (H200 bf16: 790), for the share of it.
         #[arg(long)]
         peak_tflops: Option<f64>,
+        /// Also write the rows (each kernel's check and timing) as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
         #[command(flatten)]
         config: ConfigArgs,
     },
@@ -322,9 +335,31 @@ fn run(cli: Cli) -> Result<()> {
             let rows = bench_comm::bench_comm(nproc, max_mib << 20, iters.max(1), timeout, inject_fault)?;
             bench_comm::print_table(&rows, nproc, "local (threads)");
         }
-        Command::Bench { kind: BenchKind::Kernels { mut iters, mut peak_gbs, mut peak_tflops, config } } => {
-            let (cfg, flags) = config.load_with_flags(&["iters", "peak-gbs", "peak-tflops"])?;
+        Command::Devices { json } => {
+            let adapters = titan_rs::device::adapters();
+            println!("| adapter | kind | index | backend | driver | float16 | bfloat16 | trains on |");
+            println!("|---|---|---|---|---|---|---|---|");
+            for a in &adapters {
+                println!(
+                    "| {} | {} | {} | {} | {} {} | {} | {} | {} |",
+                    a.name, a.kind, a.index, a.backend, a.driver, a.driver_info, a.float16, a.bfloat16,
+                    if a.chosen { "yes" } else { "" }
+                );
+            }
+            if adapters.is_empty() {
+                println!("no wgpu adapter (a build without `--features wgpu`, or no Vulkan/GPU driver)");
+            }
+            if let Some(p) = json {
+                std::fs::write(&p, serde_json::to_string_pretty(&adapters)?).with_context(|| format!("writing {}", p.display()))?;
+            }
+        }
+        Command::Bench { kind: BenchKind::Kernels { mut iters, mut peak_gbs, mut peak_tflops, mut json, config } } => {
+            let (cfg, flags) = config.load_with_flags(&["iters", "peak-gbs", "peak-tflops", "json"])?;
             for (k, v) in flags {
+                if k == "json" {
+                    json = Some(PathBuf::from(v));
+                    continue;
+                }
                 let x: f64 = v.parse().with_context(|| format!("--{k} {v}: expected a number"))?;
                 match k.as_str() {
                     "iters" => iters = x as usize,
@@ -339,7 +374,11 @@ fn run(cli: Cli) -> Result<()> {
             let shapes = bench_kernels::Shapes { batch: t.local_batch_size as usize, seq: t.seq_len as usize, args };
             let rows = bench_kernels::bench_kernels(&device, &shapes, iters.max(1))?;
             let peaks = peak_gbs.zip(peak_tflops);
-            bench_kernels::print_table(&rows, &format!("{} ({})", cfg.training.device, cfg.model.flavor), peaks);
+            let what = format!("{} ({})", cfg.training.device, cfg.model.flavor);
+            bench_kernels::print_table(&rows, &what, peaks);
+            if let Some(p) = json {
+                bench_kernels::write_json(&p, &rows, &what, peaks)?;
+            }
         }
         Command::Bench { kind: BenchKind::Checkpoint { mut rounds, mut steps, config } } => {
             let (cfg, flags) = config.load_with_flags(&["rounds", "steps"])?;
@@ -354,11 +393,15 @@ fn run(cli: Cli) -> Result<()> {
             set_threads(&cfg)?;
             print!("{}", titan_rs::bench::checkpoint::bench(cfg, rounds.max(1), steps)?);
         }
-        Command::Bench { kind: BenchKind::Train { mut warmup, mut steps, mut baseline, mut rounds, config } } => {
-            let (cfg, flags) = config.load_with_flags(&["warmup", "steps", "baseline", "rounds"])?;
+        Command::Bench { kind: BenchKind::Train { mut warmup, mut steps, mut baseline, mut rounds, mut json, config } } => {
+            let (cfg, flags) = config.load_with_flags(&["warmup", "steps", "baseline", "rounds", "json"])?;
             for (k, v) in flags {
                 if k == "baseline" {
                     baseline = Some(v);
+                    continue;
+                }
+                if k == "json" {
+                    json = Some(PathBuf::from(v));
                     continue;
                 }
                 let n: usize = v.parse().with_context(|| format!("--{k} {v}: expected a number"))?;
@@ -372,8 +415,12 @@ fn run(cli: Cli) -> Result<()> {
             let label = bench_train::label(&cfg);
             let steps = steps.max(1);
             let Some(baseline) = baseline else {
+                let precision = cfg.training.mixed_precision_param.clone();
                 let r = bench_train::bench(cfg, warmup, steps)?;
                 bench_train::print_table(&label, &r, None);
+                if let Some(p) = json {
+                    bench_train::write_json(&p, &label, &precision, &r)?;
+                }
                 return Ok(());
             };
             let (name, cmd) = match baseline.as_str() {

@@ -9,6 +9,7 @@ use std::time::Instant;
 use titan_models::ModelArgs;
 
 /// One kernel's result.
+#[derive(serde::Serialize)]
 pub struct KernelRow {
     pub name: String,
     pub shape: String,
@@ -222,6 +223,37 @@ pub fn bench_kernels(device: &Device, shapes: &Shapes, iters: usize) -> Result<V
         &|| titan_kernels::cross_entropy_sum(logits.clone(), targets.clone(), false),
     ));
     Ok(rows)
+}
+
+/// The largest error relative to the reference's largest value a kernel may have to pass its
+/// check (float32 on any device).
+pub const CHECK_TOLERANCE: f32 = 1e-4;
+
+/// Writes the rows as JSON: the device, the peaks, and per kernel its check (`checked`: error
+/// within [`CHECK_TOLERANCE`]) and timings.
+pub fn write_json(path: &std::path::Path, rows: &[KernelRow], device: &str, peaks: Option<(f64, f64)>) -> Result<()> {
+    let kernels: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            let mut v = serde_json::to_value(r).expect("a kernel row serialises");
+            v["checked"] = serde_json::json!(r.rel_err.is_finite() && r.rel_err <= CHECK_TOLERANCE);
+            if let Some((gbs, tflops)) = peaks {
+                v["share_of_peak_bandwidth"] = serde_json::json!(r.gbs / gbs);
+                v["share_of_peak_tflops"] = serde_json::json!(r.tflops / tflops);
+            }
+            v
+        })
+        .collect();
+    let out = serde_json::json!({
+        "device": device,
+        "adapter": crate::device::selected_adapter(),
+        "peak_gbs": peaks.map(|p| p.0),
+        "peak_tflops": peaks.map(|p| p.1),
+        "tolerance": CHECK_TOLERANCE,
+        "kernels": kernels,
+    });
+    std::fs::write(path, serde_json::to_string_pretty(&out)?)
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
 }
 
 /// Prints the rows as a Markdown table; `peaks = (GB/s, TFLOP/s)` adds the share of each.

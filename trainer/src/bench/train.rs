@@ -7,6 +7,7 @@ use crate::rank::RankContext;
 use crate::trainer::{StepStats, Trainer};
 use anyhow::{anyhow, bail, Context, Result};
 
+#[derive(serde::Serialize)]
 pub struct BenchResult {
     pub ranks: usize,
     /// Tokens of the whole job (every data-parallel rank) per second.
@@ -66,6 +67,15 @@ pub fn bench(mut cfg: JobConfig, warmup: usize, steps: usize) -> Result<BenchRes
         peak_tflops: peak.map(|p| p.tflops),
         bubble: if cfg.parallelism.pipeline_parallel_degree > 1 { bubble.max(0.0) } else { 0.0 },
     })
+}
+
+/// Writes one result as JSON, with what it measured (`label`) and the compute type.
+pub fn write_json(path: &std::path::Path, label: &str, precision: &str, r: &BenchResult) -> Result<()> {
+    let mut v = serde_json::to_value(r)?;
+    v["label"] = serde_json::json!(label);
+    v["mixed_precision_param"] = serde_json::json!(precision);
+    v["adapter"] = serde_json::json!(crate::device::selected_adapter());
+    std::fs::write(path, serde_json::to_string_pretty(&v)?).with_context(|| format!("writing {}", path.display()))
 }
 
 /// What a bench row describes: the model, the layout and the shape per rank.

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Builds the GPU bundle: everything a lent GPU machine (no registry, no Rust, other system
+# libraries) needs to run titan-rs's GPU measurement, in one git-ignored folder:
+#
+#   gpu-bundle/titan-rs.xz   release titan-rs with burn's wgpu backend (no MPI), stripped, linked
+#                            against glibc 2.28 through `cargo zigbuild` (runs on any current Linux)
+#   gpu-bundle/debs/         the Vulkan/EGL loader packages the device README names (amd64)
+#   gpu-bundle/configs, assets/   the configs, tokenizer and corpus the runs use
+#   gpu-bundle/run.sh        what runs on the device (scripts/gpu/run.sh)
+#
+#   scripts/gpu/package.sh [OUT_DIR]      (default: gpu-bundle in the repository root)
+#
+# Needs: pip (installs `ziglang` and `cargo-zigbuild` from PyPI when missing), apt-get (the debs;
+# skipped with a note when it cannot reach the archive), xz, binutils. Checks the result: at most
+# 60 MiB, and no GLIBC symbol version above 2.28 in the binary.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${1:-gpu-bundle}
+GLIBC=2.28
+TARGET=x86_64-unknown-linux-gnu
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}"
+
+if ! command -v cargo-zigbuild >/dev/null 2>&1 || ! python3 -m ziglang version >/dev/null 2>&1; then
+    python3 -m pip install --quiet ziglang==0.13.0 cargo-zigbuild==0.24.1
+fi
+rustup target list --installed 2>/dev/null | grep -qx "$TARGET" || rustup target add "$TARGET" 2>/dev/null || true
+cargo zigbuild --release -p titan-rs --features wgpu --target "$TARGET.$GLIBC"
+BIN="$CARGO_TARGET_DIR/$TARGET/release/titan-rs"
+
+rm -rf "$OUT"
+mkdir -p "$OUT/debs" "$OUT/configs" "$OUT/assets"
+strip -o "$OUT/titan-rs" "$BIN"
+# The highest GLIBC symbol version the binary needs.
+need=$(objdump -T "$OUT/titan-rs" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -V | tail -1)
+if [ "$(printf '%s\n%s\n' "$need" "$GLIBC" | sort -V | tail -1)" != "$GLIBC" ]; then
+    echo "error: the binary needs GLIBC_$need, above $GLIBC" >&2
+    exit 1
+fi
+echo "binary: $(du -h "$OUT/titan-rs" | cut -f1) stripped, needs GLIBC_$need at most"
+xz -T0 -6 "$OUT/titan-rs"
+
+# The loaders, as the device README downloads them (amd64 whatever this machine is).
+lists=$(mktemp -d)
+o="-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=$lists"
+mkdir -p "$lists/partial"
+if apt-get $o update -q >/dev/null 2>&1 && (cd "$OUT/debs" && apt-get $o download -q \
+        libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 >/dev/null 2>&1); then
+    echo "loaders: $(ls "$OUT/debs" | tr '\n' ' ')"
+else
+    echo "note: could not download the loader packages (no archive reachable); the bundle relies on the machine's own libvulkan"
+fi
+rm -rf "$lists"
+
+cp configs/llama_small.toml configs/llama_debug.toml "$OUT/configs/"
+mkdir -p "$OUT/assets/tokenizer" "$OUT/assets/shakespeare"
+cp assets/tokenizer/tokenizer.json "$OUT/assets/tokenizer/"
+cp assets/shakespeare/*.txt "$OUT/assets/shakespeare/"
+cp scripts/gpu/run.sh "$OUT/run.sh"
+chmod +x "$OUT/run.sh"
+size=$(du -sb "$OUT" | cut -f1)
+echo "bundle: $OUT, $((size / 1024 / 1024)) MiB"
+if [ "$size" -gt $((60 * 1024 * 1024)) ]; then
+    echo "error: the bundle is $((size / 1024 / 1024)) MiB, above 60 MiB" >&2
+    exit 1
+fi
