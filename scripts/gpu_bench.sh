@@ -1,20 +1,14 @@
 #!/usr/bin/env bash
-# One prepared run on a GPU machine (an H200 for the numbers in the issue): builds titan-rs with
-# burn's wgpu backend, checks every fused kernel against its reference and times it against the
-# card's ceilings, then measures tokens/s and MFU of `small` training steps on the GPU.
+# The GPU measurement, in the form a lent GPU machine can run (no registry, no Rust there): the
+# bundle `scripts/gpu/package.sh` builds here (gpu-bundle/), run by its `run.sh`. On the device
+# machine, from the repository root with `gpu-bundle` carried:
 #
-#   scripts/gpu_bench.sh [peak GB/s] [peak TFLOP/s]     (defaults: H200, 4300 and 790)
-#
-# Needs a Vulkan driver (NVIDIA's, or Mesa's for other GPUs); cubecl's CUDA runtime would need
-# `--features cuda`, which downloads an LLVM bundle while building.
+#   scripts/gpu_bench.sh            (= gpu-bundle/run.sh; the report lands in $OUT)
+#   scripts/gpu_bench.sh --dry-run  (here, on Mesa's software adapter)
 set -euo pipefail
-cd "$(dirname "$0")/.."
-gbs="${1:-4300}"
-tflops="${2:-790}"
-cargo build --release -p titan-rs --features wgpu
-bin=target/release/titan-rs
-"$bin" bench kernels --config configs/llama_small.toml --training.device wgpu \
-    --training.local_batch_size 8 --training.seq_len 2048 --iters 10 --peak-gbs "$gbs" --peak-tflops "$tflops"
-"$bin" bench train --config configs/llama_small.toml --training.device wgpu \
-    --training.local_batch_size 8 --training.seq_len 2048 --metrics.peak_tflops "$tflops" \
-    --parallelism.data_parallel_shard_degree 1 --warmup 2 --steps 5
+bundle="$(dirname "$0")/../gpu-bundle"
+if [ ! -x "$bundle/run.sh" ]; then
+    echo "error: no GPU bundle at $bundle; build it first with scripts/gpu/package.sh (on a machine with Rust), then carry gpu-bundle to the GPU machine" >&2
+    exit 1
+fi
+exec "$bundle/run.sh" "$@"

@@ -120,7 +120,7 @@ section() { sed -n "/^=== $1 (limit/,/^=== $1: exit/p" "$LOG" | grep '^|' ; }
     echo
     section kernels
     echo
-    echo "## Training steps (small flavor)"
+    echo "## Training steps ($([ "$DRY" -eq 1 ] && echo "tiny flavor, 2 × 32 tokens" || echo "small flavor, 8 × 2048 tokens"))"
     echo
     echo "float32:"
     echo
