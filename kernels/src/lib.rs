@@ -114,6 +114,16 @@ pub fn adamw(
     reference::adamw(p, g, m, v, h)
 }
 
+/// `Σ x²` over every element, in f64 on the CPU (one read, the same result for any thread
+/// count; the gradient norm's squares), else Burn's square and sum.
+pub fn sum_squares<const D: usize>(x: Tensor<D>) -> f64 {
+    if has_kernels(&x.device()) && !on_cube(&x.device()) {
+        return ops::sum_squares(x);
+    }
+    let s: f32 = x.square().sum().into_scalar();
+    s as f64
+}
+
 /// Cross-entropy summed over positions (`logits: [B, T, V]`, `targets: [B, T]`).
 pub fn cross_entropy_sum(logits: Tensor<3>, targets: Tensor<2, Int>, fused: bool) -> Tensor<1> {
     if fused && has_kernels(&logits.device()) {

@@ -52,3 +52,18 @@ pub fn adamw(p: &[f32], g: &[f32], m: &[f32], v: &[f32], h: AdamWStep) -> (Vec<f
     }
     (p2, m2, v2)
 }
+
+/// `Σ x²` in f64, one read of `x`: fixed chunks summed in parallel, the chunk sums added in
+/// order, so the result does not depend on the thread count (the gradient norm's squares).
+pub fn sum_squares(x: &[f32]) -> f64 {
+    let parts: Vec<f64> = x
+        .par_chunks(CHUNK)
+        .map(|c| {
+            simd(
+                #[inline(always)]
+                || c.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>(),
+            )
+        })
+        .collect();
+    parts.iter().sum()
+}

@@ -272,6 +272,10 @@ impl<B: Backend + KernelOps, C: CheckpointStrategy> KernelOps for Autodiff<B, C>
         Self::from_inner(B::matmul(a.into_primitive(), b.into_primitive()))
     }
 
+    fn sum_squares(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::from_inner(B::sum_squares(x.into_primitive()))
+    }
+
     fn linear(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
         let y = B::matmul(x.clone().into_primitive(), w.clone().into_primitive());
         match LinearBackward.prepare::<C>([x.node(), w.node()]).compute_bound().stateful() {

@@ -6,7 +6,7 @@ use crate::host::gemm::{par_product, View};
 use crate::host::{floats, ints, rows, tensor_like};
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::{tensor::FloatTensor, tensor::IntTensor, Flex, TensorMetadata};
-use burn::tensor::DType;
+use burn::tensor::{DType, TensorData};
 
 fn dims(t: &FloatTensor<Flex>) -> Vec<usize> {
     t.shape().to_vec()
@@ -77,6 +77,11 @@ impl KernelOps for Flex {
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let (p2, m2, v2) = crate::host::adamw::adamw(&floats(&p), &floats(&g), &floats(&m), &floats(&v), h);
         (tensor_like(p2, dims(&p), &p), tensor_like(m2, dims(&m), &m), tensor_like(v2, dims(&v), &v))
+    }
+
+    fn sum_squares(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let s = crate::host::adamw::sum_squares(&floats(&x));
+        Flex::float_from_data(TensorData::new(vec![s as f32], [1]), &x.device())
     }
 
     fn matmul(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {

@@ -8,7 +8,7 @@ mod flex;
 
 #[cfg(feature = "cube")]
 use burn::backend::fusion::custom::TensorSpec;
-use burn::backend::{backend_extension, tensor::FloatTensor, tensor::IntTensor, Backend, Dispatch};
+use burn::backend::{backend_extension, tensor::FloatTensor, tensor::IntTensor, Backend, Dispatch, TensorMetadata};
 use burn::prelude::*;
 
 #[cfg(feature = "cube")]
@@ -123,6 +123,15 @@ pub trait KernelOps: Backend {
         unreachable!("adamw has a kernel only on the CPU; titan_kernels::adamw routes other devices to the reference")
     }
 
+    /// `[Σ x²]` over every element of `x` (not differentiable: gradients' norms). The CPU sums in
+    /// f64 in one read; elsewhere Burn's square and sum.
+    #[fusion(default)]
+    fn sum_squares(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let n = x.shape().num_elements();
+        let flat = Self::float_reshape(x, Shape::new([n]));
+        Self::float_sum(Self::float_mul(flat.clone(), flat))
+    }
+
     /// The differentiable bias-free linear layer `x · w` (`x: [rows, d_in]`, `w: [d_in, d_out]`),
     /// its three products (forward, `dy · wᵀ`, `xᵀ · dy`) all through [`KernelOps::matmul`].
     #[fusion(default)]
@@ -163,6 +172,12 @@ pub(crate) fn adamw(
 ) -> (Tensor<1>, Tensor<1>, Tensor<1>) {
     let (p, m, v) = Dispatch::adamw(p.into_dispatch(), g.into_dispatch(), m.into_dispatch(), v.into_dispatch(), h);
     (Tensor::from_dispatch(p), Tensor::from_dispatch(m), Tensor::from_dispatch(v))
+}
+
+/// `Σ x²` of every element.
+pub(crate) fn sum_squares<const D: usize>(x: Tensor<D>) -> f64 {
+    let s: Tensor<1> = Tensor::from_dispatch(Dispatch::sum_squares(x.into_dispatch()));
+    s.into_scalar::<f64>()
 }
 
 /// `x · w` of `x: [rows, d_in]`, `w: [d_in, d_out]`.

@@ -229,3 +229,20 @@ fn fused_adamw_matches_the_reference_bit_for_bit() {
         }
     }
 }
+
+/// The gradient norm's `Σ x²`: the CPU's f64 one-pass sum equals the f64 sum of the values
+/// (within f32 rounding of the result), over sizes around the chunk length and an empty tensor.
+#[test]
+fn sum_squares_matches_the_f64_sum() {
+    let dev = Device::flex();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed());
+    for n in [0usize, 1, 7, 16 * 1024, 16 * 1024 + 3, 100_000] {
+        let v = normal(n, &mut rng);
+        let want: f64 = v.iter().map(|&x| x as f64 * x as f64).sum();
+        let t = Tensor::<2>::from_data(TensorData::new(v.clone(), [1, n]), &dev);
+        let got = crate::sum_squares(t.clone());
+        assert!((got - want).abs() <= 1e-6 * want.max(1.0), "n {n}: {got} vs {want}");
+        let composed: f32 = t.square().sum().into_scalar();
+        assert!((got - composed as f64).abs() <= 1e-4 * want.max(1.0), "n {n}: {got} vs Burn's {composed}");
+    }
+}

@@ -34,8 +34,7 @@ pub fn squared_norms<M: Module>(model: &M, grads: &GradientsParams) -> Vec<(Para
     impl ModuleVisitor for Sq<'_> {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
             if let Some(g) = self.grads.get::<D>(p.id) {
-                let s: f32 = g.square().sum().into_scalar();
-                self.out.push((p.id, s as f64));
+                self.out.push((p.id, titan_kernels::sum_squares(g)));
             }
         }
     }
