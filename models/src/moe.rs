@@ -173,9 +173,10 @@ impl MoE {
         let weights = weights.mul_scalar(self.cfg.route_scale).cast(flat.dtype());
         // Rows sorted by expert, computed wherever the hooks place the experts, then back in
         // (token, choice) order and summed with the routing weights.
-        let xs = flat.clone().select(0, ints(&route.sorted_tokens()));
+        let (sorted_tokens, row_of_slot) = route.permutation();
+        let xs = flat.clone().select(0, ints(&sorted_tokens));
         let ys = hooks.experts(xs, &route.counts, &|xs, sizes| self.experts.forward(xs, sizes));
-        let ys = ys.select(0, ints(&route.unsort()));
+        let ys = ys.select(0, ints(&row_of_slot));
         let mut y = (ys.reshape([n, k, d]) * weights.reshape([n, k, 1])).sum_dim(1).reshape([n, d]);
         if let Some(s) = &self.shared_experts {
             y = y + s.forward(flat);
@@ -282,25 +283,16 @@ impl Routing {
         Self { experts, counts, k }
     }
 
-    /// The (token, choice) slots sorted by expert, stable: `order[r]` is the slot of sorted row `r`.
-    fn order(&self) -> Vec<usize> {
+    /// The dispatch permutation, from one stable sort of the (token, choice) slots by expert:
+    /// the token of each sorted row, and for each slot its row in the sorted order.
+    pub fn permutation(&self) -> (Vec<usize>, Vec<usize>) {
         let mut order: Vec<usize> = (0..self.experts.len()).collect();
         order.sort_by_key(|&s| self.experts[s]);
-        order
-    }
-
-    /// The token of each sorted row.
-    pub fn sorted_tokens(&self) -> Vec<usize> {
-        self.order().into_iter().map(|s| s / self.k).collect()
-    }
-
-    /// For each (token, choice) slot, its row in the sorted order.
-    pub fn unsort(&self) -> Vec<usize> {
-        let mut inv = vec![0; self.experts.len()];
-        for (r, s) in self.order().into_iter().enumerate() {
-            inv[s] = r;
+        let mut row_of_slot = vec![0; order.len()];
+        for (r, &s) in order.iter().enumerate() {
+            row_of_slot[s] = r;
         }
-        inv
+        (order.into_iter().map(|s| s / self.k).collect(), row_of_slot)
     }
 }
 

@@ -3,13 +3,10 @@
 //! passes, each with its own allocation). The arithmetic is the reference's
 //! ([`crate::reference::adamw`]), operation for operation in `f32`, so the results are the same.
 
-use super::math::simd;
+use super::math::{simd, CHUNK};
 use crate::ops::AdamWStep;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
-
-/// Elements per parallel task.
-const CHUNK: usize = 16 * 1024;
 
 /// The first `n` (allocated, unwritten) elements of `v`.
 fn spare(v: &mut Vec<f32>, n: usize) -> &mut [MaybeUninit<f32>] {
@@ -51,19 +48,4 @@ pub fn adamw(p: &[f32], g: &[f32], m: &[f32], v: &[f32], h: AdamWStep) -> (Vec<f
         v2.set_len(n);
     }
     (p2, m2, v2)
-}
-
-/// `Σ x²` in f64, one read of `x`: fixed chunks summed in parallel, the chunk sums added in
-/// order, so the result does not depend on the thread count (the gradient norm's squares).
-pub fn sum_squares(x: &[f32]) -> f64 {
-    let parts: Vec<f64> = x
-        .par_chunks(CHUNK)
-        .map(|c| {
-            simd(
-                #[inline(always)]
-                || c.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>(),
-            )
-        })
-        .collect();
-    parts.iter().sum()
 }

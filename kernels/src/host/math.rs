@@ -1,6 +1,11 @@
 //! Vectorisable scalar helpers of the host kernels: fixed-order (deterministic) reductions
 //! with 8 lanes and a branch-free `exp`.
 
+use rayon::prelude::*;
+
+/// Elements per parallel task of the one-pass host kernels.
+pub(crate) const CHUNK: usize = 16 * 1024;
+
 /// `Σ a·b` with 8 independent accumulators.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -115,6 +120,21 @@ pub fn sigmoid(x: f32) -> f32 {
     } else {
         e * r
     }
+}
+
+/// `Σ x²` in f64, one read of `x`: fixed chunks summed in parallel, the chunk sums added in
+/// order, so the result does not depend on the thread count (the gradient norm's squares).
+pub fn sum_squares(x: &[f32]) -> f64 {
+    let parts: Vec<f64> = x
+        .par_chunks(CHUNK)
+        .map(|c| {
+            simd(
+                #[inline(always)]
+                || c.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>(),
+            )
+        })
+        .collect();
+    parts.iter().sum()
 }
 
 #[cfg(test)]

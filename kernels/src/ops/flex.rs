@@ -80,7 +80,7 @@ impl KernelOps for Flex {
     }
 
     fn sum_squares(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        let s = crate::host::adamw::sum_squares(&floats(&x));
+        let s = crate::host::math::sum_squares(&floats(&x));
         Flex::float_from_data(TensorData::new(vec![s as f32], [1]), &x.device())
     }
 
