@@ -50,7 +50,7 @@ fn next_token_loss(logits: &[f32], ids: &[Vec<i64>], v: usize) -> f64 {
 /// its loss within 1e-5 relative, loaded through the trainer's own (resharding) path.
 #[test]
 fn logits_and_loss_equal_transformers() {
-    use titan_rs::{config::load_config, rank::RankContext, trainer::Trainer};
+    use titan_rs::{config::load_config, rank::RankContext, train::trainer::Trainer};
     let d = tempfile::tempdir().unwrap();
     for name in ["tied_bf16", "untied_sharded"] {
         let dir = fixture(name);
@@ -63,7 +63,7 @@ fn logits_and_loss_equal_transformers() {
         let t = Trainer::new(cfg, RankContext::single()).unwrap();
         let (b, s) = (ids.len(), ids[0].len());
         let flat: Vec<i64> = ids.iter().flatten().copied().collect();
-        let x = titan_rs::pipeline::to_tensor_2d(&flat, b, s, &t.device);
+        let x = titan_rs::rank::pipeline::to_tensor_2d(&flat, b, s, &t.device);
         let logits: Vec<f32> = t.model.chunks[0].forward(x).into_data().try_into_vec::<f32>().unwrap();
         let want = FileReader::open(&dir.join("reference.safetensors")).unwrap();
         let want = want.read("logits", &Region::full(&[b, s, 2048])).unwrap();

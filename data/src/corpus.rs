@@ -7,7 +7,7 @@
 //! interrupted run (even kill -9) never leaves a cache a later run trusts. The cache key hashes
 //! the tokenizer, every input's name and bytes, and the options.
 
-use crate::formats::{for_each_piece, for_each_token_block, format_of, Format};
+use crate::formats::{accepted_extensions, for_each_piece, for_each_token_block, format_of, Format, TokenDtype};
 use crate::token_file::{TokenFile, TokenWriter};
 use crate::tokenizer::Tokenizer;
 use anyhow::{bail, Context, Result};
@@ -25,13 +25,13 @@ const BATCH_BYTES: usize = 1 << 20;
 pub struct CorpusOptions {
     /// The JSON field holding a document's text.
     pub text_column: String,
-    /// The id type of pre-tokenized `.bin` files: "uint16" or "uint32".
-    pub token_dtype: String,
+    /// The id type of pre-tokenized `.bin` files.
+    pub token_dtype: TokenDtype,
 }
 
 impl Default for CorpusOptions {
     fn default() -> Self {
-        Self { text_column: "text".into(), token_dtype: "uint16".into() }
+        Self { text_column: "text".into(), token_dtype: TokenDtype::U16 }
     }
 }
 
@@ -66,7 +66,7 @@ pub fn list_corpus_files(path: &Path) -> Result<Vec<PathBuf>> {
             bail!("dataset glob {} matches no file", path.display());
         }
         if let Some(bad) = out.iter().find(|p| format_of(p).is_none()) {
-            bail!("dataset glob {} matches {}, which is not a corpus format (.txt .md .jsonl[.gz|.zst] .bin)", path.display(), bad.display());
+            bail!("dataset glob {} matches {}, which is not a corpus format ({})", path.display(), bad.display(), accepted_extensions());
         }
         return Ok(out);
     }
@@ -87,7 +87,7 @@ pub fn list_corpus_files(path: &Path) -> Result<Vec<PathBuf>> {
     }
     out.sort();
     if out.is_empty() {
-        bail!("dataset folder {} holds no corpus files (.txt .md .jsonl .jsonl.gz .jsonl.zst .bin)", path.display());
+        bail!("dataset folder {} holds no corpus files ({})", path.display(), accepted_extensions());
     }
     Ok(out)
 }
@@ -96,7 +96,9 @@ fn cache_key(files: &[PathBuf], tokenizer: &Tokenizer, o: &CorpusOptions) -> Res
     let mut h = fnv::FnvHasher::default();
     h.write(b"titan-rs token cache v2");
     h.write(&std::fs::read(tokenizer.path()).with_context(|| format!("reading {}", tokenizer.path().display()))?);
-    h.write(format!("{o:?}").as_bytes());
+    // The options as they were spelled when the token dtype was a string (cached corpora keep
+    // their keys).
+    h.write(format!("CorpusOptions {{ text_column: {:?}, token_dtype: {:?} }}", o.text_column, o.token_dtype.as_str()).as_bytes());
     let mut buf = vec![0u8; 1 << 20];
     for f in files {
         h.write(f.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default());
@@ -205,7 +207,7 @@ fn tokenize_or_reuse(path: &Path, tokenizer: &Tokenizer, cache_dir: &Path, o: &C
             Format::Tokens => {
                 sink.flush()?;
                 let vocab = tokenizer.vocab_size();
-                for_each_token_block(f, &o.token_dtype, vocab, &counter, &mut |b| sink.w.push(b))?;
+                for_each_token_block(f, o.token_dtype, vocab, &counter, &mut |b| sink.w.push(b))?;
             }
             format => for_each_piece(f, format, &o.text_column, &counter, &mut |p, last| {
                 let r = sink.piece(p, last);
@@ -251,6 +253,15 @@ mod tests {
         assert!(e.contains("matches no file"), "{e}");
         let e = list_corpus_files(&dir.path().join("*")).unwrap_err().to_string();
         assert!(e.contains("notes.csv"), "{e}");
+        // The accepted formats in the message are the reader's own table: Parquet included.
+        for (ext, _) in crate::formats::FORMATS {
+            assert!(e.contains(ext), "{ext} missing from: {e}");
+        }
+        assert!(e.contains(".parquet"), "{e}");
+        let empty = tempfile::tempdir().unwrap();
+        std::fs::write(empty.path().join("notes.csv"), "").unwrap();
+        let e = list_corpus_files(empty.path()).unwrap_err().to_string();
+        assert!(e.contains("holds no corpus files") && e.contains(".parquet") && e.contains(".jsonl.zst"), "{e}");
     }
 
     /// Four ranks (threads here; processes take the same file lock) asking for the same corpus

@@ -40,25 +40,77 @@ pub enum Compression {
     Zstd,
 }
 
+/// The id type of pre-tokenized `.bin` files (`training.dataset_token_dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum TokenDtype {
+    /// nanoGPT's layout.
+    #[serde(rename = "uint16")]
+    U16,
+    #[serde(rename = "uint32")]
+    U32,
+}
+
+impl TokenDtype {
+    pub const ALL: &'static [TokenDtype] = &[TokenDtype::U16, TokenDtype::U32];
+
+    /// The value as written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenDtype::U16 => "uint16",
+            TokenDtype::U32 => "uint32",
+        }
+    }
+
+    /// Bytes per id.
+    pub fn width(self) -> usize {
+        match self {
+            TokenDtype::U16 => 2,
+            TokenDtype::U32 => 4,
+        }
+    }
+}
+
+impl std::fmt::Display for TokenDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for TokenDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL.iter().copied().find(|d| d.as_str() == s).ok_or_else(|| {
+            format!("`training.dataset_token_dtype` = {s:?} is not supported; use \"uint16\" or \"uint32\"")
+        })
+    }
+}
+
+/// Every corpus format by file-name ending (matched case-insensitively): the one table that
+/// `format_of` and every error listing the accepted formats read.
+pub const FORMATS: &[(&str, Format)] = &[
+    (".txt", Format::Text),
+    (".md", Format::Text),
+    (".text", Format::Text),
+    (".jsonl", Format::Jsonl(Compression::None)),
+    (".json", Format::Jsonl(Compression::None)),
+    (".jsonl.gz", Format::Jsonl(Compression::Gzip)),
+    (".json.gz", Format::Jsonl(Compression::Gzip)),
+    (".jsonl.zst", Format::Jsonl(Compression::Zstd)),
+    (".jsonl.zstd", Format::Jsonl(Compression::Zstd)),
+    (".json.zst", Format::Jsonl(Compression::Zstd)),
+    (".parquet", Format::Parquet),
+    (".bin", Format::Tokens),
+];
+
+/// The accepted endings, space-separated, for error messages.
+pub fn accepted_extensions() -> String {
+    FORMATS.iter().map(|(e, _)| *e).collect::<Vec<_>>().join(" ")
+}
+
 /// The format of a corpus file by its name, `None` for a file that is not one.
 pub fn format_of(path: &Path) -> Option<Format> {
     let name = path.file_name()?.to_str()?.to_ascii_lowercase();
-    let ext = |e: &str| name.ends_with(e);
-    Some(if ext(".txt") || ext(".md") || ext(".text") {
-        Format::Text
-    } else if ext(".jsonl") || ext(".json") {
-        Format::Jsonl(Compression::None)
-    } else if ext(".jsonl.gz") || ext(".json.gz") {
-        Format::Jsonl(Compression::Gzip)
-    } else if ext(".jsonl.zst") || ext(".jsonl.zstd") || ext(".json.zst") {
-        Format::Jsonl(Compression::Zstd)
-    } else if ext(".parquet") {
-        Format::Parquet
-    } else if ext(".bin") {
-        Format::Tokens
-    } else {
-        return None;
-    })
+    FORMATS.iter().find(|(e, _)| name.ends_with(e)).map(|&(_, f)| f)
 }
 
 /// A reader that counts the bytes read from the file (for progress: compressed bytes).
@@ -214,16 +266,12 @@ fn for_each_parquet_document(
 /// blocks, checking each against `vocab`: `each(block)`.
 pub fn for_each_token_block(
     path: &Path,
-    dtype: &str,
+    dtype: TokenDtype,
     vocab: usize,
     counter: &Arc<AtomicU64>,
     each: &mut dyn FnMut(&[u32]) -> Result<()>,
 ) -> Result<()> {
-    let width = match dtype {
-        "uint16" => 2,
-        "uint32" => 4,
-        d => bail!("`training.dataset_token_dtype` = {d:?} is not supported; use \"uint16\" or \"uint32\""),
-    };
+    let width = dtype.width();
     let len = std::fs::metadata(path).with_context(|| format!("cannot read corpus file {}", path.display()))?.len();
     if len % width as u64 != 0 {
         bail!("{}: {len} bytes is not a whole number of {dtype} ids (is `training.dataset_token_dtype` right?)", path.display());
@@ -344,18 +392,18 @@ mod tests {
         std::fs::write(&p, &ids).unwrap();
         let c = Arc::new(AtomicU64::new(0));
         let mut got = Vec::new();
-        for_each_token_block(&p, "uint16", 2048, &c, &mut |b| {
+        for_each_token_block(&p, TokenDtype::U16, 2048, &c, &mut |b| {
             got.extend_from_slice(b);
             Ok(())
         })
         .unwrap();
         assert_eq!(got, vec![1, 2, 300, 4]);
-        let e = for_each_token_block(&p, "uint16", 256, &c, &mut |_| Ok(())).unwrap_err().to_string();
+        let e = for_each_token_block(&p, TokenDtype::U16, 256, &c, &mut |_| Ok(())).unwrap_err().to_string();
         assert!(e.contains("t.bin") && e.contains("300") && e.contains("position 2"), "{e}");
-        let e = for_each_token_block(&p, "uint32", 2048, &c, &mut |_| Ok(())).unwrap_err().to_string();
+        let e = for_each_token_block(&p, TokenDtype::U32, 2048, &c, &mut |_| Ok(())).unwrap_err().to_string();
         assert!(e.contains("t.bin"), "{e}");
         std::fs::write(&p, [1u8, 2, 3]).unwrap();
-        let e = for_each_token_block(&p, "uint16", 2048, &c, &mut |_| Ok(())).unwrap_err().to_string();
+        let e = for_each_token_block(&p, TokenDtype::U16, 2048, &c, &mut |_| Ok(())).unwrap_err().to_string();
         assert!(e.contains("whole number"), "{e}");
     }
 }

@@ -6,6 +6,8 @@ use crate::mesh::{Axis, ParallelDims};
 
 /// This rank's position and groups; a group is `None` where its axis has size 1.
 pub struct MeshGroups {
+    /// The resolved mesh these groups were cut from.
+    pub dims: ParallelDims,
     /// Rank in the world.
     pub world_rank: usize,
     /// Index among all data-parallel ranks (`dp_replicate × dp_shard`): which data this rank reads.
@@ -34,6 +36,7 @@ pub struct MeshGroups {
 impl MeshGroups {
     pub fn single() -> Self {
         Self {
+            dims: ParallelDims::new(1, 1, 1, 1, 1, 1, 1).expect("the one-rank mesh"),
             world_rank: 0,
             dp_rank: 0,
             dp_degree: 1,
@@ -74,6 +77,7 @@ impl MeshGroups {
         let world_group = if world.size() > 1 { Some(world.sub_group(&everyone)?) } else { None };
         let c = mesh.coords(rank);
         Ok(Self {
+            dims: *dims,
             world_rank: rank,
             dp_rank: c.dp_rank(dims),
             dp_degree: dims.dp(),

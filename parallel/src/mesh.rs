@@ -110,6 +110,17 @@ impl ParallelDims {
         Ok(Self { dp_replicate, dp_shard, cp, tp, pp, ep, world_size })
     }
 
+    /// Every mesh dimension with its degree (TorchTitan's names), expert parallelism when on:
+    /// `replicate 1 × shard 1 × cp 2 × tp 2 × pp 2`. The one description the start-up line,
+    /// `titan-rs plan` and `checkpoint inspect` print.
+    pub fn describe(&self) -> String {
+        let ep = if self.ep > 1 { format!(" (ep {} over shard × cp × tp)", self.ep) } else { String::new() };
+        format!(
+            "replicate {} × shard {} × cp {} × tp {} × pp {}{ep}",
+            self.dp_replicate, self.dp_shard, self.cp, self.tp, self.pp
+        )
+    }
+
     pub fn dp(&self) -> usize {
         self.dp_replicate * self.dp_shard
     }

@@ -22,12 +22,13 @@ pub fn selected_adapter() -> Option<String> {
 }
 
 /// The device for `training.device` / `training.device_index`, checked with a real reduction.
-pub fn select(name: &str, index: usize) -> Result<Device> {
-    let device = match name {
-        "cpu" => return Ok(Device::flex()),
-        "wgpu" | "vulkan" => wgpu_device(name, index)?,
-        "cuda" => cuda_device(index)?,
-        other => bail!("`training.device` = {other:?} is not a device; use \"cpu\", \"wgpu\", \"vulkan\" or \"cuda\""),
+pub fn select(kind: crate::config::DeviceKind, index: usize) -> Result<Device> {
+    use crate::config::DeviceKind as Kind;
+    let name = kind.as_str();
+    let device = match kind {
+        Kind::Cpu => return Ok(Device::flex()),
+        Kind::Wgpu | Kind::Vulkan => wgpu_device(name, index)?,
+        Kind::Cuda => cuda_device(index)?,
     };
     check(&device, name)?;
     Ok(device)

@@ -1,33 +1,29 @@
 //! titan-rs: LLM pre-training on Burn. This crate is the trainer; the binary is `titan-rs`.
 //!
-//! * [`config`]: the TOML schema, loading with overrides, validation.
-//! * [`train`] (the loop, top to bottom), [`trainer`] (one rank's state and step),
-//!   [`elastic`] (`--max-restarts`: restarting a failed job from its checkpoint),
-//!   [`pipeline`] (the schedule runner), [`parallelize`] (applying the parallelisms),
-//!   [`rank`] (this rank's mesh place and model stages), [`optim`] (AdamW, LR schedule,
-//!   gradients), [`state`] (parameters ↔ host tensors), [`checkpoint`] (sharded save, async
-//!   writer, resharding resume), [`plan`] (`titan-rs plan`), [`memory`] (will it fit?).
-//! * [`metrics`]: console, `metrics.jsonl`, MFU peak, TensorBoard, plots, step traces.
-//! * [`bench`]: `titan-rs bench train | kernels | comm`.
-//! * [`hf`]: Hugging Face `LlamaForCausalLM` weights in and out.
-//! * [`generate`], [`device`], [`paths`], [`alloc`].
+//! From the bottom floor up:
+//! * [`config`]: the TOML schema (typed: enumerated keys are enums, sentinels resolved in one
+//!   view), loading with overrides, value checks. [`device`], [`paths`], [`alloc`]: utilities.
+//! * [`rank`]: this rank's mesh place and model stages, the parallelisms applied to them, the
+//!   pipeline runner, parameters ↔ host tensors, gradients.
+//! * [`optim`] (AdamW, LR schedule, MoE bias step), [`memory`] (the plan, the fit check and the
+//!   model × mesh checks), [`hf`] (Hugging Face `LlamaForCausalLM` weights in and out),
+//!   [`metrics`] (step statistics, console, `metrics.jsonl`, MFU peak, TensorBoard, plots, traces),
+//!   [`checkpoint`] (the `Checkpointer`: sharded save, async writer, resharding resume).
+//! * [`train`]: the loop, top to bottom, one rank's `Trainer`, and `--max-restarts`.
+//! * [`commands`]: `plan`, `generate`, `convert`, `bench`.
 
 pub mod alloc;
-pub mod bench;
 pub mod checkpoint;
+pub mod commands;
 pub mod config;
 pub mod device;
-pub mod elastic;
-pub mod generate;
 pub mod hf;
 pub mod memory;
 pub mod metrics;
 pub mod optim;
-pub mod parallelize;
 pub mod paths;
-pub mod pipeline;
-pub mod plan;
 pub mod rank;
-pub mod state;
 pub mod train;
-pub mod trainer;
+
+#[cfg(test)]
+mod test_list;

@@ -29,6 +29,18 @@ pub fn open_sources(dir: &Path) -> Result<Vec<Box<dyn TensorSource>>> {
     Ok(out)
 }
 
+/// [`open_sources`] with every byte checked first: a sharded checkpoint's chunks against their
+/// CRC32s (a consolidated one's files are checked against the manifest when the step folder is
+/// opened). For the readers that use part of a checkpoint — generation, export, inspection.
+pub fn open_verified(dir: &Path) -> Result<Vec<Box<dyn TensorSource>>> {
+    if dir.join(METADATA).exists() {
+        let r = ShardedReader::open(dir)?;
+        r.verify()?;
+        return Ok(vec![Box::new(r)]);
+    }
+    open_sources(dir)
+}
+
 fn human(bytes: u64) -> String {
     match bytes {
         b if b >= 1 << 30 => format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64),
@@ -51,8 +63,10 @@ pub fn inspect(dir: &Path) -> Result<String> {
     files.sort();
     if dir.join(METADATA).exists() {
         let r = ShardedReader::open(dir)?;
+        let chunks = r.verify()?;
         let m = &r.meta;
         writeln!(s, "format {} (sharded), step {}, saved by {} rank(s) under {}", m.format, m.step, m.world_size, m.saved_under)?;
+        writeln!(s, "verified: {chunks} chunk(s), every CRC32 matches {METADATA}")?;
         if m.model_only {
             writeln!(s, "model only (no optimizer state)")?;
         }

@@ -3,10 +3,10 @@
 //! pipeline stages, the TP split and the FSDP rows. The same slots turn the rank's tensors into
 //! pieces to save and read the regions to load, whatever layout wrote the checkpoint.
 
-use crate::parallelize::Placement;
-use crate::pipeline::RankLayout;
+use crate::rank::parallelize::Placement;
+use crate::rank::pipeline::RankLayout;
 use crate::rank::{RankContext, RankModel};
-use crate::state;
+use crate::rank::params;
 use anyhow::{anyhow, bail, Result};
 use titan_checkpoints::{HostTensor, Piece, Region, TensorMap, TensorSource};
 
@@ -26,7 +26,7 @@ pub struct Slot {
 
 /// Every parameter's slot on this rank.
 pub fn slots(model: &RankModel, placement: &Placement, layout: &RankLayout, rank: &RankContext) -> Vec<Slot> {
-    state::param_shapes(model)
+    params::param_shapes(model)
         .into_iter()
         .map(|(local, local_shape)| {
             let fsdp = placement.fsdp.as_ref().and_then(|s| s.layout(&local));

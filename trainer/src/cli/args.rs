@@ -38,7 +38,9 @@ impl ConfigArgs {
         if let Some(i) = overrides.iter().position(|(k, _)| k == "job.config_file" || k == "config") {
             path = Some(PathBuf::from(overrides.remove(i).1));
         }
-        Ok((load_config(path.as_deref(), &overrides)?, own))
+        let cfg = load_config(path.as_deref(), &overrides)?;
+        titan_rs::memory::checks::check(&cfg)?;
+        Ok((cfg, own))
     }
 }
 
@@ -119,7 +121,7 @@ pub(crate) enum ConvertCommand {
         out: PathBuf,
         /// float32 | bfloat16
         #[arg(long, default_value = "float32")]
-        dtype: String,
+        dtype: titan_rs::config::ExportDtype,
         /// Cut the weights into files of at most this many MB (transformers: 5000).
         #[arg(long, default_value_t = 5000)]
         max_shard_mb: u64,
@@ -215,7 +217,7 @@ pub(crate) enum BenchKind {
         timeout_seconds: f64,
         /// Inject a fault on rank 1 first (tests that failures end every rank promptly).
         #[arg(long, value_enum, hide = true)]
-        inject_fault: Option<titan_rs::bench::comm::Fault>,
+        inject_fault: Option<titan_rs::commands::bench::comm::Fault>,
     },
 }
 
@@ -243,6 +245,6 @@ pub(crate) enum TokenizerCommand {
         #[arg(long, default_value = "text")]
         text_column: String,
         #[arg(long, default_value = "uint16")]
-        token_dtype: String,
+        token_dtype: titan_data::TokenDtype,
     },
 }

@@ -4,7 +4,7 @@ use super::args::BenchKind;
 use super::set_threads;
 use anyhow::{Context, Result};
 use std::path::PathBuf;
-use titan_rs::bench::{comm as bench_comm, kernels as bench_kernels, train as bench_train};
+use titan_rs::commands::bench::{comm as bench_comm, kernels as bench_kernels, train as bench_train};
 
 /// Runs the benchmark `kind` names.
 pub(crate) fn run(kind: BenchKind) -> Result<()> {
@@ -42,10 +42,10 @@ pub(crate) fn run(kind: BenchKind) -> Result<()> {
                 }
             }
             set_threads(&cfg)?;
-            let device = titan_rs::device::select(&cfg.training.device, cfg.training.device_index as usize)?;
+            let device = titan_rs::device::select(cfg.training.device, cfg.training.device_index)?;
             let args = cfg.model_args().map_err(|e| anyhow::anyhow!(e))?;
             let t = &cfg.training;
-            let shapes = bench_kernels::Shapes { batch: t.local_batch_size as usize, seq: t.seq_len as usize, args };
+            let shapes = bench_kernels::Shapes { batch: t.local_batch_size, seq: t.seq_len, args };
             let rows = bench_kernels::bench_kernels(&device, &shapes, iters.max(1))?;
             let peaks = peak_gbs.zip(peak_tflops);
             let what = format!("{} ({})", cfg.training.device, cfg.model.flavor);
@@ -65,7 +65,7 @@ pub(crate) fn run(kind: BenchKind) -> Result<()> {
                 }
             }
             set_threads(&cfg)?;
-            print!("{}", titan_rs::bench::checkpoint::bench(cfg, rounds.max(1), steps)?);
+            print!("{}", titan_rs::commands::bench::checkpoint::bench(cfg, rounds.max(1), steps)?);
         }
         BenchKind::Train { mut warmup, mut steps, mut baseline, mut rounds, mut json, config } => {
             let (cfg, flags) = config.load_with_flags(&["warmup", "steps", "baseline", "rounds", "json"])?;
@@ -89,11 +89,11 @@ pub(crate) fn run(kind: BenchKind) -> Result<()> {
             let label = bench_train::label(&cfg);
             let steps = steps.max(1);
             let Some(baseline) = baseline else {
-                let precision = cfg.training.mixed_precision_param.clone();
+                let precision = cfg.training.mixed_precision_param;
                 let r = bench_train::bench(cfg, warmup, steps)?;
                 bench_train::print_table(&label, &r, None);
                 if let Some(p) = json {
-                    bench_train::write_json(&p, &label, &precision, &r)?;
+                    bench_train::write_json(&p, &label, precision, &r)?;
                 }
                 return Ok(());
             };

@@ -7,12 +7,13 @@ mod bench;
 use anyhow::{Context, Result};
 use args::{CheckpointCommand, Cli, Command, ConvertCommand, TokenizerCommand, TraceCommand};
 use titan_rs::config::{to_toml, JobConfig};
-use titan_rs::{elastic, generate, train};
+use titan_rs::commands::generate;
+use titan_rs::train::{self, elastic};
 
 pub(crate) fn set_threads(cfg: &JobConfig) -> Result<()> {
     if cfg.training.threads > 0 {
         rayon::ThreadPoolBuilder::new()
-            .num_threads(cfg.training.threads as usize)
+            .num_threads(cfg.training.threads)
             .build_global()
             .context("setting training.threads")?;
     }
@@ -50,7 +51,7 @@ pub(crate) fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Config(a) => print!("{}", to_toml(&a.load()?)),
-        Command::Plan(a) => print!("{}", titan_rs::plan::plan(&a.load()?)?),
+        Command::Plan(a) => print!("{}", titan_rs::commands::plan::plan(&a.load()?)?),
         Command::Tokenizer { command: TokenizerCommand::Train { input, vocab_size, out } } => {
             let n = titan_data::train_bpe(&input, vocab_size, &out)?;
             println!("wrote {} ({n} tokens)", out.display());
@@ -98,12 +99,12 @@ pub(crate) fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Convert { command: ConvertCommand::FromHf { hf_dir, out } } => {
-            let (dir, n) = titan_rs::hf::convert::from_hf(&hf_dir, &out)?;
+            let (dir, n) = titan_rs::commands::convert::from_hf(&hf_dir, &out)?;
             println!("wrote {} ({n} tensors)", dir.display());
         }
         Command::Convert { command: ConvertCommand::ToHf { checkpoint, out, dtype, max_shard_mb } } => {
             let o = titan_rs::hf::export::ExportOptions { dtype, max_shard_bytes: max_shard_mb * 1_000_000, ..Default::default() };
-            let (n, bytes) = titan_rs::hf::convert::to_hf(&checkpoint, &out, &o)?;
+            let (n, bytes) = titan_rs::commands::convert::to_hf(&checkpoint, &out, &o)?;
             println!("wrote {} ({n} tensors, {bytes} bytes of weights)", out.display());
         }
         Command::Checkpoint { command: CheckpointCommand::Inspect { dir } } => {

@@ -64,6 +64,11 @@ fn type_name(v: &Value) -> &'static str {
 fn coerce(key: &str, default: &Value, v: Value, origin: &str) -> Result<Value> {
     match (default, v) {
         (Value::Float(_), Value::Integer(i)) => Ok(Value::Float(i as f64)),
+        // A single value for a list key is the one-element list (`fail_at_steps = 3`).
+        (Value::Array(d), v) if !matches!(v, Value::Array(_) | Value::Table(_)) => {
+            let proto = d.first().cloned().unwrap_or_else(|| v.clone());
+            Ok(Value::Array(vec![coerce(key, &proto, v, origin)?]))
+        }
         // An empty default (a list of names) takes the items as they are.
         (Value::Array(d), Value::Array(items)) if d.is_empty() => Ok(Value::Array(items)),
         (Value::Array(d), Value::Array(items)) => {
@@ -190,9 +195,51 @@ pub fn load_config(path: Option<&Path>, overrides: &[(String, String)]) -> Resul
         merge(&mut merged, &defaults, file, Origin::File { path, text: &text })?;
     }
     merge(&mut merged, &defaults, overrides_table(&defaults, overrides)?, Origin::Cli)?;
-    let cfg: JobConfig = Value::Table(merged).try_into().context("config does not match the schema")?;
+    let cfg = typed(&merged, &defaults, path, overrides)?;
     super::validate::validate(&cfg)?;
     Ok(cfg)
+}
+
+/// The merged table as the typed config. A value the types refuse (a name that is not one of an
+/// enumerated key's values, a negative count) is found key by key — each tried alone over the
+/// defaults — and named with where it was written and what is accepted.
+fn typed(merged: &Table, defaults: &Table, path: Option<&Path>, overrides: &[(String, String)]) -> Result<JobConfig> {
+    let first = match Value::Table(merged.clone()).try_into::<JobConfig>() {
+        Ok(cfg) => return Ok(cfg),
+        Err(e) => e,
+    };
+    let text = path.and_then(|p| std::fs::read_to_string(p).ok());
+    for (section, body) in merged {
+        let Some(body) = body.as_table() else { continue };
+        for (key, value) in body {
+            if defaults.get(section).and_then(|s| s.get(key)) == Some(value) {
+                continue;
+            }
+            let mut alone = defaults.clone();
+            alone[section.as_str()].as_table_mut().expect("a section").insert(key.clone(), value.clone());
+            let Err(e) = Value::Table(alone).try_into::<JobConfig>() else { continue };
+            let on_cli = overrides.iter().any(|(k, _)| *k == format!("{section}.{key}"));
+            let origin = match (on_cli, path, &text) {
+                (false, Some(path), Some(text)) => Origin::File { path, text },
+                _ => Origin::Cli,
+            };
+            bail!("{}", refused(&format!("{section}.{key}"), value, &origin.locate(section, Some(key)), &e.to_string()));
+        }
+    }
+    Err(anyhow!("config does not match the schema: {first}"))
+}
+
+/// The message for a value the schema's types refuse.
+fn refused(key: &str, value: &Value, origin: &str, serde_msg: &str) -> String {
+    // serde: "unknown variant `exp`, expected one of `linear`, `sqrt`, `cosine`" (or "expected `llama3`").
+    if let Some(expected) = serde_msg.split("unknown variant").nth(1).and_then(|r| r.split("expected").nth(1)) {
+        let names: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+        return format!("`{key}` = {value} {origin} is not supported; use one of {names:?}");
+    }
+    if serde_msg.contains("invalid value: integer") {
+        return format!("`{key}` = {value} {origin} must be a non-negative integer");
+    }
+    format!("`{key}` = {value} {origin}: {}", serde_msg.lines().next().unwrap_or(serde_msg).trim())
 }
 
 /// The config as TOML text (what `titan-rs config` prints and checkpoints store).

@@ -1,6 +1,8 @@
 //! Configuration: schema with defaults, TOML + CLI loading, validation.
 
+mod choices;
 mod load;
+mod resolved;
 mod schema;
 mod validate;
 
@@ -8,29 +10,29 @@ mod validate;
 mod tests;
 
 pub use load::{load_config, parse_overrides, to_toml};
+pub use choices::*;
 pub use schema::*;
 
 impl Parallelism {
     /// The mesh for `world` ranks (`None`: the product of the degrees, -1 shard counting as 1).
     pub fn dims(&self, world: Option<usize>) -> Result<titan_parallel::ParallelDims, String> {
-        let shard = if self.data_parallel_shard_degree > 0 { self.data_parallel_shard_degree } else { 1 };
         let product = [
             self.data_parallel_replicate_degree,
-            shard,
+            self.shard_degree().unwrap_or(1),
             self.context_parallel_degree,
             self.tensor_parallel_degree,
             self.pipeline_parallel_degree,
         ]
         .iter()
-        .map(|&d| d.max(1) as usize)
+        .map(|&d| d.max(1))
         .product();
         titan_parallel::ParallelDims::new(
-            self.data_parallel_replicate_degree,
+            self.data_parallel_replicate_degree as i64,
             self.data_parallel_shard_degree,
-            self.context_parallel_degree,
-            self.tensor_parallel_degree,
-            self.pipeline_parallel_degree,
-            self.expert_parallel_degree,
+            self.context_parallel_degree as i64,
+            self.tensor_parallel_degree as i64,
+            self.pipeline_parallel_degree as i64,
+            self.expert_parallel_degree as i64,
             world.unwrap_or(product),
         )
     }
@@ -39,7 +41,7 @@ impl Parallelism {
 impl Training {
     /// How the corpus files are read.
     pub fn corpus_options(&self) -> titan_data::CorpusOptions {
-        titan_data::CorpusOptions { text_column: self.dataset_text_column.clone(), token_dtype: self.dataset_token_dtype.clone() }
+        titan_data::CorpusOptions { text_column: self.dataset_text_column.clone(), token_dtype: self.dataset_token_dtype }
     }
 }
 
@@ -69,33 +71,26 @@ impl JobConfig {
             format!("`model.flavor` = {:?} is not a flavor; use one of {:?} or \"hf\"", self.model.flavor, titan_models::FLAVORS)
         })?;
         if let Some(m) = &mut args.moe {
-            if self.model.moe_load_balance_coeff >= 0.0 {
-                m.load_balance_coeff = self.model.moe_load_balance_coeff;
+            if let Some(c) = self.model.moe_load_balance_coeff() {
+                m.load_balance_coeff = c;
             }
-            if self.model.moe_aux_loss_alpha >= 0.0 {
-                m.aux_loss_alpha = self.model.moe_aux_loss_alpha;
+            if let Some(a) = self.model.moe_aux_loss_alpha() {
+                m.aux_loss_alpha = a;
             }
         }
         Ok(args)
     }
 
-    /// Global batch in samples (resolving -1 for a single data-parallel rank).
-    pub fn global_batch_size(&self, dp_degree: usize) -> usize {
-        match self.training.global_batch_size {
-            -1 => self.training.local_batch_size as usize * dp_degree,
-            g => g as usize,
-        }
-    }
 }
 
 impl ActivationCheckpoint {
     /// The blocks to checkpoint; errors name the key and what is accepted.
     pub fn policy(&self) -> Result<titan_models::Checkpointing, String> {
         use titan_models::Checkpointing;
-        match self.mode.as_str() {
-            "none" => Ok(Checkpointing::None),
-            "full" => Ok(Checkpointing::Full),
-            "selective" => match self.selective_ac_option.trim().parse::<usize>() {
+        match self.mode {
+            AcMode::None => Ok(Checkpointing::None),
+            AcMode::Full => Ok(Checkpointing::Full),
+            AcMode::Selective => match self.selective_ac_option.trim().parse::<usize>() {
                 Ok(n) if n >= 1 => Ok(if n == 1 { Checkpointing::Full } else { Checkpointing::EveryNth(n) }),
                 _ if self.selective_ac_option == "op" => Ok(Checkpointing::Ops),
                 _ => Err(format!(
@@ -103,9 +98,6 @@ impl ActivationCheckpoint {
                     self.selective_ac_option
                 )),
             },
-            other => Err(format!(
-                "`activation_checkpoint.mode` = {other:?} is not supported; use one of [\"none\", \"full\", \"selective\"]"
-            )),
         }
     }
 }

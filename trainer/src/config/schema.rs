@@ -3,6 +3,7 @@
 //! Every key must have a TOML-representable default (no `Option`): the defaults, serialized,
 //! are the schema that unknown keys and wrong types are checked against.
 
+use super::choices::*;
 use serde::{Deserialize, Serialize};
 
 /// One source of a dataset mixture (`[[training.datasets]]`).
@@ -41,7 +42,7 @@ section!(Job {
 });
 
 section!(Model {
-    name: String = "llama3".into(),
+    name: ModelName = ModelName::Llama3,
     /// tiny | debugmodel | small | 1B | 3B | 8B | 70B | 405B | moe_debug | moe_1B (mixture of
     /// experts) | hf (the shape from `hf_assets_path`/config.json, a Hugging Face
     /// `LlamaForCausalLM`)
@@ -51,13 +52,13 @@ section!(Model {
     /// A `tokenizer.json` path; overrides `hf_assets_path` when set.
     tokenizer_path: String = String::new(),
     /// fused (titan-rs kernel where the device has it) | reference (Burn's composed ops)
-    attention: String = "fused".into(),
+    attention: KernelChoice = KernelChoice::Fused,
     /// RMSNorm, SwiGLU, RoPE and cross-entropy: fused (CubeCL kernels on GPU devices) | reference
-    kernels: String = "fused".into(),
+    kernels: KernelChoice = KernelChoice::Fused,
     /// causal | block_causal (TorchTitan's key): with block_causal a token attends only to
     /// earlier tokens of its own document in a packed row (documents end with the tokenizer's
     /// end-of-text token)
-    attn_mask_type: String = "causal".into(),
+    attn_mask_type: MaskType = MaskType::Causal,
     /// With block_causal: RoPE positions restart at 0 with each document (titan-rs key; false
     /// counts positions from the row's start, as TorchTitan does)
     rope_per_document: bool = false,
@@ -70,7 +71,7 @@ section!(Model {
 });
 
 section!(Optimizer {
-    name: String = "AdamW".into(),
+    name: OptimizerName = OptimizerName::AdamW,
     lr: f64 = 8e-4,
     betas: Vec<f64> = vec![0.9, 0.95],
     eps: f64 = 1e-8,
@@ -78,11 +79,11 @@ section!(Optimizer {
 });
 
 section!(LrScheduler {
-    warmup_steps: i64 = 200,
+    warmup_steps: u64 = 200,
     /// Fraction of `training.steps` spent decaying; -1 = all steps after warmup.
     decay_ratio: f64 = -1.0,
     /// linear | sqrt | cosine
-    decay_type: String = "linear".into(),
+    decay_type: DecayType = DecayType::Linear,
     min_lr_factor: f64 = 0.0,
 });
 
@@ -94,30 +95,30 @@ section!(Training {
     /// The JSON field holding each document's text in `.jsonl[.gz|.zst]` files.
     dataset_text_column: String = "text".into(),
     /// The id type of pre-tokenized `.bin` files: "uint16" (nanoGPT) or "uint32".
-    dataset_token_dtype: String = "uint16".into(),
+    dataset_token_dtype: TokenDtype = TokenDtype::U16,
     /// A mixture (`[[training.datasets]]` with `path` and `weight`); when set it replaces
     /// `dataset`/`dataset_path`.
     datasets: Vec<DatasetSpec> = Vec::new(),
-    local_batch_size: i64 = 8,
+    local_batch_size: usize = 8,
     /// -1 = local_batch_size × data-parallel degree (no accumulation).
     global_batch_size: i64 = -1,
-    seq_len: i64 = 256,
+    seq_len: usize = 256,
     /// Global gradient-norm clipping; <= 0 disables.
     max_norm: f64 = 1.0,
-    steps: i64 = 10_000,
-    seed: i64 = 42,
+    steps: u64 = 10_000,
+    seed: u64 = 42,
     /// cpu (Burn flex) | wgpu | vulkan (build with --features wgpu) | cuda (--features cuda)
-    device: String = "cpu".into(),
+    device: DeviceKind = DeviceKind::Cpu,
     /// Which adapter of that kind (GPUs are counted per kind: discrete, then integrated).
-    device_index: i64 = 0,
+    device_index: usize = 0,
     /// float32
-    dtype: String = "float32".into(),
+    dtype: ParamDtype = ParamDtype::Float32,
     /// The compute type: float32 | bfloat16 | float16 (float32 master weights and optimizer state)
-    mixed_precision_param: String = "float32".into(),
+    mixed_precision_param: Precision = Precision::Float32,
     /// Where tokenized corpora are cached.
     cache_dir: String = ".cache/titan-rs".into(),
     /// CPU threads for the math (0 = all cores).
-    threads: i64 = 0,
+    threads: usize = 0,
     /// Refuse a job whose planned peak (`titan-rs plan`) exceeds the host's available memory
     /// (CPU) or the GPU's memory, before allocating anything.
     memory_check: bool = true,
@@ -126,45 +127,45 @@ section!(Training {
 });
 
 section!(Parallelism {
-    data_parallel_replicate_degree: i64 = 1,
+    data_parallel_replicate_degree: usize = 1,
     /// -1 = all remaining ranks.
     data_parallel_shard_degree: i64 = -1,
-    fsdp_reshard_after_forward: String = "default".into(),
-    tensor_parallel_degree: i64 = 1,
+    fsdp_reshard_after_forward: ReshardAfterForward = ReshardAfterForward::Default,
+    tensor_parallel_degree: usize = 1,
     enable_sequence_parallel: bool = true,
-    pipeline_parallel_degree: i64 = 1,
-    pipeline_parallel_schedule: String = "1F1B".into(),
+    pipeline_parallel_degree: usize = 1,
+    pipeline_parallel_schedule: PipelineSchedule = PipelineSchedule::OneFOneB,
     /// -1 = even automatic split.
     pipeline_parallel_layers_per_stage: i64 = -1,
     /// -1 = pipeline degree.
     num_pp_microbatches: i64 = -1,
     /// Ranks that split each sequence (ring attention; they also shard the weights with FSDP).
-    context_parallel_degree: i64 = 1,
+    context_parallel_degree: usize = 1,
     /// How K/V reach every context-parallel rank: ring (send/recv around the ring, two blocks
     /// in memory) | allgather (all at once)
-    context_parallel_rotate_method: String = "ring".into(),
-    expert_parallel_degree: i64 = 1,
+    context_parallel_rotate_method: RotateMethod = RotateMethod::Ring,
+    expert_parallel_degree: usize = 1,
 });
 
 section!(Checkpoint {
     enable: bool = false,
     /// Under `job.dump_folder`.
     folder: String = "checkpoint".into(),
-    interval: i64 = 500,
+    interval: u64 = 500,
     /// 0 = keep all.
-    keep_latest_k: i64 = 10,
+    keep_latest_k: usize = 10,
     /// -1 = latest.
     load_step: i64 = -1,
     /// "disabled" (the save blocks training) or "async" (the state is copied to host memory and
     /// written by a background thread while training continues).
-    async_mode: String = "disabled".into(),
+    async_mode: AsyncMode = AsyncMode::Disabled,
     /// The final step's checkpoint holds only the model (no optimizer state). TorchTitan's
     /// default is true; ours is false so that a finished run resumes when `training.steps` is
     /// raised.
     last_save_model_only: bool = false,
     /// Parts of a checkpoint not to load on resume: "model", "optimizer", "dataloader",
     /// "train_state" (the step).
-    exclude_from_loading: Vec<String> = Vec::new(),
+    exclude_from_loading: Vec<LoadablePart> = Vec::new(),
     /// Also checkpoint after step 1.
     enable_first_step_checkpoint: bool = false,
     /// Start from these weights when the checkpoint folder has no checkpoint yet: a titan-rs
@@ -176,11 +177,11 @@ section!(Checkpoint {
     /// Also write the last step's model as a Hugging Face folder (`step-N-hf/`).
     last_save_in_hf: bool = false,
     /// "float32" | "bfloat16": the weights' type in Hugging Face exports.
-    export_dtype: String = "float32".into(),
+    export_dtype: ExportDtype = ExportDtype::Float32,
 });
 
 section!(Metrics {
-    log_freq: i64 = 10,
+    log_freq: u64 = 10,
     /// Peak TFLOP/s of one device for MFU; <= 0 = the CPU's arithmetic ceiling (or the GPU
     /// table by adapter name).
     peak_tflops: f64 = -1.0,
@@ -200,19 +201,19 @@ section!(Profiling {
     enable_profiling: bool = false,
     /// Under `job.dump_folder`: `iteration_N/rankR_trace.json` (Chrome trace events).
     save_traces_folder: String = "profile_traces".into(),
-    profile_freq: i64 = 10,
+    profile_freq: u64 = 10,
 });
 
 section!(ActivationCheckpoint {
     /// none | full | selective
-    mode: String = "none".into(),
+    mode: AcMode = AcMode::None,
     /// With `mode = "selective"`: "N" checkpoints every N-th block.
     selective_ac_option: String = "2".into(),
 });
 
 section!(Comm {
     /// local
-    backend: String = "local".into(),
+    backend: CommBackend = CommBackend::Local,
     timeout_seconds: f64 = 100.0,
 });
 
@@ -220,8 +221,8 @@ section!(Validation {
     enable: bool = false,
     dataset: String = "shakespeare_valid".into(),
     dataset_path: String = String::new(),
-    local_batch_size: i64 = 8,
-    freq: i64 = 100,
+    local_batch_size: usize = 8,
+    freq: u64 = 100,
     /// -1 = the whole validation set.
     steps: i64 = -1,
 });
@@ -240,13 +241,13 @@ section!(Debug {
     /// Fault injection for restart tests: attempt `k` of the job (`restart_attempt`) fails at
     /// step `fail_at_steps[k]`, mid-step (after forward and backward, before the gradient
     /// reduction); attempts past the list run clean.
-    fail_at_steps: Vec<i64> = Vec::new(),
+    fail_at_steps: Vec<u64> = Vec::new(),
     /// The world rank that fails; -1 = the last.
     fail_rank: i64 = -1,
     /// kill (SIGKILL the rank's process) | error (the rank returns an error)
-    fail_mode: String = "kill".into(),
+    fail_mode: FailMode = FailMode::Kill,
     /// Which attempt this is: set by `titan-rs train --max-restarts` for the jobs it restarts.
-    restart_attempt: i64 = 0,
+    restart_attempt: usize = 0,
 });
 
 section!(

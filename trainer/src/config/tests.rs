@@ -11,7 +11,9 @@ fn write(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
 fn err(text: &str, overrides: &[(&str, &str)]) -> String {
     let (_d, p) = write(text);
     let o: Vec<(String, String)> = overrides.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
-    format!("{:#}", load_config(Some(&p), &o).err().expect("config should be rejected"))
+    // As the command line loads a config: the values, then the model × mesh rules.
+    let loaded = load_config(Some(&p), &o).and_then(|c| crate::memory::checks::check(&c));
+    format!("{:#}", loaded.err().expect("config should be rejected"))
 }
 
 #[test]
@@ -151,4 +153,92 @@ fn mesh_degrees_are_checked_against_the_model() {
     assert!(e.contains("exceeds the model's 6 layers"), "{e}");
     let e = err("[parallelism]\ndata_parallel_replicate_degree = 0\n", &[]);
     assert!(e.contains("data_parallel_replicate_degree` = 0 must be >= 1"), "{e}");
+}
+
+/// The README's key table against the schema: every key once, no key the schema lacks, each
+/// default as the code has it, and for an enumerated key every accepted value named.
+#[test]
+fn readme_key_table_matches_the_schema() {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
+    let mut rows = std::collections::BTreeMap::new();
+    for line in readme.lines() {
+        let cells: Vec<&str> = line.split(" | ").map(|c| c.trim().trim_matches('|').trim()).collect();
+        let Some(key) = cells.first().and_then(|k| k.strip_prefix('`')).and_then(|k| k.strip_suffix('`')) else { continue };
+        if cells.len() < 3 || !key.contains('.') || key.contains(' ') {
+            continue;
+        }
+        assert!(rows.insert(key.to_string(), (cells[1].to_string(), cells[2..].join(" | "))).is_none(), "README lists `{key}` twice");
+    }
+    let defaults = match toml::Value::try_from(JobConfig::default()).unwrap() {
+        toml::Value::Table(t) => t,
+        _ => unreachable!(),
+    };
+    let mut schema = std::collections::BTreeMap::new();
+    for (section, body) in &defaults {
+        for (key, v) in body.as_table().unwrap() {
+            schema.insert(format!("{section}.{key}"), v.clone());
+        }
+    }
+    let missing: Vec<_> = schema.keys().filter(|k| !rows.contains_key(*k)).collect();
+    let unknown: Vec<_> = rows.keys().filter(|k| !schema.contains_key(*k)).collect();
+    assert!(missing.is_empty(), "keys missing from the README's table: {missing:?}");
+    assert!(unknown.is_empty(), "the README's table lists keys the schema lacks: {unknown:?}");
+    for (key, default) in &schema {
+        let (cell, meaning) = &rows[key];
+        let cell = cell.trim_matches('`');
+        let same = match default {
+            toml::Value::String(s) => cell == s || (s.is_empty() && cell == "\"\""),
+            toml::Value::Float(f) => cell.parse::<f64>().is_ok_and(|c| c == *f),
+            toml::Value::Integer(i) => cell.parse::<i64>().is_ok_and(|c| c == *i),
+            toml::Value::Boolean(b) => cell == b.to_string(),
+            toml::Value::Array(a) => format!("v = {cell}").parse::<toml::Table>().is_ok_and(|t| {
+                t["v"].as_array().is_some_and(|c| c.len() == a.len() && c.iter().zip(a).all(|(x, y)| x.as_float().or(x.as_integer().map(|i| i as f64)) == y.as_float().or(y.as_integer().map(|i| i as f64)) || x == y))
+            }),
+            _ => true,
+        };
+        assert!(same, "README: `{key}` default `{cell}`, the schema's is {default}");
+        // An enumerated key: every value the loader accepts is named in the meaning.
+        if let toml::Value::String(_) = default {
+            let (section, k) = key.split_once('.').unwrap();
+            let o = [(key.clone(), "no-such-value".to_string())];
+            let e = load_config(None, &o).err().map(|e| format!("{e:#}")).unwrap_or_default();
+            if let Some(list) = e.split("use one of ").nth(1).filter(|_| e.contains("is not supported")) {
+                for value in list.trim_matches(|c| c == '[' || c == ']').split(", ").map(|v| v.trim_matches('"')) {
+                    assert!(meaning.contains(&format!("`{value}`")), "README: `{key}` does not name the value `{value}`: {meaning}");
+                }
+            }
+        }
+    }
+}
+
+/// A single value for a list key is the one-element list, in a file and on the command line.
+#[test]
+fn a_scalar_for_a_list_key_is_a_one_element_list() {
+    let (_d, p) = write("[debug]\nfail_at_steps = 3\n[checkpoint]\nexclude_from_loading = \"optimizer\"\n");
+    let c = load_config(Some(&p), &[]).unwrap();
+    assert_eq!(c.debug.fail_at_steps, vec![3]);
+    assert_eq!(c.checkpoint.exclude_from_loading, vec![LoadablePart::Optimizer]);
+    let o = parse_overrides(&["--debug.fail_at_steps".into(), "1".into()]).unwrap();
+    assert_eq!(load_config(None, &o).unwrap().debug.fail_at_steps, vec![1]);
+    assert_eq!(c.debug.fail_at(), Some(3));
+    let e = err("[debug]\nfail_at_steps = \"soon\"\n", &[]);
+    assert!(e.contains("`debug.fail_at_steps`") && e.contains("job.toml:2"), "{e}");
+}
+
+/// Enumerated keys are typed once at load: a bad value names the key, where it was written and
+/// every accepted value; negative counts are refused naming the key.
+#[test]
+fn enumerated_keys_are_typed_at_load() {
+    let c = load_config(None, &[("training.mixed_precision_param".into(), "bfloat16".into())]).unwrap();
+    assert_eq!(c.training.mixed_precision_param, Precision::BFloat16);
+    assert_eq!(c.training.mixed_precision_param.bytes(), 2);
+    let e = err("[training]\nmixed_precision_param = \"fp8\"\n", &[]);
+    assert!(e.contains("`training.mixed_precision_param` = \"fp8\" in") && e.contains("job.toml:2"), "{e}");
+    assert!(e.contains("[\"float32\", \"bfloat16\", \"float16\"]"), "{e}");
+    let e = err("", &[("parallelism.pipeline_parallel_schedule", "ZeroBubble")]);
+    assert!(e.contains("on the command line") && e.contains("\"Interleaved1F1B\""), "{e}");
+    let e = err("[training]\nseq_len = -3\n", &[]);
+    assert!(e.contains("`training.seq_len` = -3") && e.contains("non-negative"), "{e}");
+    let e = err("[checkpoint]\nexclude_from_loading = [\"model\", \"weights\"]\n", &[]);
+    assert!(e.contains("checkpoint.exclude_from_loading") && e.contains("train_state"), "{e}");
 }

@@ -1,5 +1,6 @@
 //! Value checks: each error names the key, the bad value and what is allowed.
 
+use super::choices::*;
 use super::schema::JobConfig;
 use anyhow::{bail, Result};
 use titan_models::FLAVORS;
@@ -10,7 +11,7 @@ fn one_of(errors: &mut Vec<String>, key: &str, value: &str, allowed: &[&str]) {
     }
 }
 
-fn positive(errors: &mut Vec<String>, key: &str, value: i64) {
+fn positive(errors: &mut Vec<String>, key: &str, value: u64) {
     if value <= 0 {
         errors.push(format!("`{key}` = {value} must be a positive integer"));
     }
@@ -18,23 +19,17 @@ fn positive(errors: &mut Vec<String>, key: &str, value: i64) {
 
 pub fn validate(c: &JobConfig) -> Result<()> {
     let mut e = Vec::new();
-    one_of(&mut e, "model.name", &c.model.name, &["llama3"]);
     if c.model.flavor != "hf" {
         one_of(&mut e, "model.flavor", &c.model.flavor, FLAVORS);
     }
-    one_of(&mut e, "model.attention", &c.model.attention, &["fused", "reference"]);
-    one_of(&mut e, "model.kernels", &c.model.kernels, &["fused", "reference"]);
-    one_of(&mut e, "debug.fail_mode", &c.debug.fail_mode, &["kill", "error"]);
-    one_of(&mut e, "model.attn_mask_type", &c.model.attn_mask_type, &["causal", "block_causal"]);
     for (key, v) in [("model.moe_load_balance_coeff", c.model.moe_load_balance_coeff), ("model.moe_aux_loss_alpha", c.model.moe_aux_loss_alpha)] {
         if !(v >= 0.0 || v == -1.0) || !v.is_finite() {
             e.push(format!("`{key}` = {v} must be >= 0 (or -1 for the flavor's value)"));
         }
     }
-    if c.model.rope_per_document && c.model.attn_mask_type != "block_causal" {
+    if c.model.rope_per_document && c.model.attn_mask_type != MaskType::BlockCausal {
         e.push("`model.rope_per_document` = true needs `model.attn_mask_type` = \"block_causal\" (documents are only tracked then)".into());
     }
-    one_of(&mut e, "optimizer.name", &c.optimizer.name, &["AdamW"]);
     let o = &c.optimizer;
     if !(o.lr > 0.0 && o.lr.is_finite()) {
         e.push(format!("`optimizer.lr` = {} must be a positive number", o.lr));
@@ -49,50 +44,34 @@ pub fn validate(c: &JobConfig) -> Result<()> {
         e.push(format!("`optimizer.weight_decay` = {} must be >= 0", o.weight_decay));
     }
     let s = &c.lr_scheduler;
-    if s.warmup_steps < 0 {
-        e.push(format!("`lr_scheduler.warmup_steps` = {} must be >= 0", s.warmup_steps));
-    }
     if s.decay_ratio != -1.0 && !(0.0..=1.0).contains(&s.decay_ratio) {
         e.push(format!(
             "`lr_scheduler.decay_ratio` = {} must be in [0, 1], or -1 for all steps after warmup",
             s.decay_ratio
         ));
     }
-    one_of(&mut e, "lr_scheduler.decay_type", &s.decay_type, &["linear", "sqrt", "cosine"]);
     if !(0.0..=1.0).contains(&s.min_lr_factor) {
         e.push(format!("`lr_scheduler.min_lr_factor` = {} must be in [0, 1]", s.min_lr_factor));
     }
     let t = &c.training;
-    positive(&mut e, "training.local_batch_size", t.local_batch_size);
-    positive(&mut e, "training.seq_len", t.seq_len);
+    positive(&mut e, "training.local_batch_size", t.local_batch_size as u64);
+    positive(&mut e, "training.seq_len", t.seq_len as u64);
     positive(&mut e, "training.steps", t.steps);
-    if t.global_batch_size != -1 && (t.global_batch_size <= 0 || t.global_batch_size % t.local_batch_size.max(1) != 0) {
+    let local = t.local_batch_size.max(1) as i64;
+    if t.global_batch_size != -1 && (t.global_batch_size <= 0 || t.global_batch_size % local != 0) {
         e.push(format!(
             "`training.global_batch_size` = {} must be -1 or a positive multiple of `training.local_batch_size` = {} (e.g. {})",
             t.global_batch_size, t.local_batch_size, t.local_batch_size * 2
         ));
     }
     let pd = &c.parallelism;
-    let per_step =
-        t.local_batch_size.max(1) * pd.data_parallel_replicate_degree.max(1) * pd.data_parallel_shard_degree.max(1);
+    let per_step = local * pd.data_parallel_replicate_degree.max(1) as i64 * pd.data_parallel_shard_degree.max(1);
     if t.global_batch_size != -1 && t.global_batch_size > 0 && t.global_batch_size % per_step != 0 {
         e.push(format!(
             "`training.global_batch_size` = {} must be a multiple of local_batch_size × data_parallel_replicate_degree × data_parallel_shard_degree = {per_step}",
             t.global_batch_size
         ));
     }
-    if t.seed < 0 {
-        e.push(format!("`training.seed` = {} must be >= 0", t.seed));
-    }
-    if t.threads < 0 {
-        e.push(format!("`training.threads` = {} must be >= 0 (0 = all cores)", t.threads));
-    }
-    one_of(&mut e, "training.device", &t.device, &["cpu", "wgpu", "vulkan", "cuda"]);
-    if t.device_index < 0 {
-        e.push(format!("`training.device_index` = {} must be >= 0", t.device_index));
-    }
-    one_of(&mut e, "training.dtype", &t.dtype, &["float32"]);
-    one_of(&mut e, "training.mixed_precision_param", &t.mixed_precision_param, &["float32", "bfloat16", "float16"]);
     if t.dataset_path.is_empty() && crate::paths::builtin_dataset(&t.dataset).is_none() {
         e.push(format!(
             "`training.dataset` = {:?} is not a built-in dataset (shakespeare, shakespeare_valid); set `training.dataset_path` to a text/JSONL file or folder",
@@ -117,52 +96,38 @@ pub fn validate(c: &JobConfig) -> Result<()> {
             "{what} must be a multiple of `parallelism.tensor_parallel_degree` = {tp} with sequence parallelism (each rank holds seq_len / cp / tp positions); change them or set `parallelism.enable_sequence_parallel` = false"
         ));
     }
-    one_of(&mut e, "parallelism.context_parallel_rotate_method", &p.context_parallel_rotate_method, &["ring", "allgather"]);
-    if cp > 1 && t.device != "cpu" {
+    if cp > 1 && t.device.is_gpu() {
         e.push(format!(
             "`parallelism.context_parallel_degree` = {cp} runs on the CPU device (its ring attention uses the CPU communicators); set `training.device` = \"cpu\" or the degree to 1"
         ));
     }
-    if t.mixed_precision_param != "float32" && p.tensor_parallel_degree > 1 {
+    if t.mixed_precision_param.is_half() && p.tensor_parallel_degree > 1 {
         e.push(format!(
             "`training.mixed_precision_param` = {:?} with `parallelism.tensor_parallel_degree` = {} is not supported yet (the TP activation collectives move float32); use \"float32\" with TP, or mixed precision with data and pipeline parallelism",
             t.mixed_precision_param, p.tensor_parallel_degree
         ));
     }
-    if p.expert_parallel_degree > 1 && t.device != "cpu" {
+    if p.expert_parallel_degree > 1 && t.device.is_gpu() {
         e.push(format!(
             "`parallelism.expert_parallel_degree` = {} runs on the CPU device (its token all-to-all uses the CPU communicators); set `training.device` = \"cpu\" or the degree to 1",
             p.expert_parallel_degree
         ));
     }
-    if p.fsdp_reshard_after_forward == "always" {
+    if p.fsdp_reshard_after_forward == ReshardAfterForward::Always {
         e.push(
             "`parallelism.fsdp_reshard_after_forward` = \"always\" is not supported: Burn's autodiff keeps each gathered parameter for its backward, so parameters stay gathered from forward to backward; use \"never\" (or \"default\", which means \"never\" here)".into(),
         );
-    } else {
-        one_of(&mut e, "parallelism.fsdp_reshard_after_forward", &p.fsdp_reshard_after_forward, &["default", "never"]);
     }
-    one_of(
-        &mut e,
-        "parallelism.pipeline_parallel_schedule",
-        &p.pipeline_parallel_schedule,
-        &["GPipe", "1F1B", "Interleaved1F1B"],
-    );
     let k = &c.checkpoint;
     positive(&mut e, "checkpoint.interval", k.interval);
-    if k.keep_latest_k < 0 {
-        e.push(format!("`checkpoint.keep_latest_k` = {} must be >= 0 (0 keeps all)", k.keep_latest_k));
-    }
     if k.load_step < -1 {
         e.push(format!("`checkpoint.load_step` = {} must be a step number or -1 (latest)", k.load_step));
     }
     if k.folder.is_empty() {
         e.push("`checkpoint.folder` must not be empty".into());
     }
-    if k.async_mode == "async_with_pinned_mem" {
+    if k.async_mode == AsyncMode::AsyncWithPinnedMem {
         e.push("`checkpoint.async_mode` = \"async_with_pinned_mem\" is not supported (the staging copy is ordinary host memory); use \"async\" or \"disabled\"".into());
-    } else {
-        one_of(&mut e, "checkpoint.async_mode", &k.async_mode, &["disabled", "async"]);
     }
     for (i, d) in c.training.datasets.iter().enumerate() {
         if !(d.weight.is_finite() && d.weight > 0.0) {
@@ -171,11 +136,6 @@ pub fn validate(c: &JobConfig) -> Result<()> {
         if d.path.is_empty() {
             e.push(format!("`training.datasets[{i}].path` must not be empty"));
         }
-    }
-    one_of(&mut e, "training.dataset_token_dtype", &c.training.dataset_token_dtype, &["uint16", "uint32"]);
-    one_of(&mut e, "checkpoint.export_dtype", &k.export_dtype, &["float32", "bfloat16"]);
-    for x in &k.exclude_from_loading {
-        one_of(&mut e, "checkpoint.exclude_from_loading", x, &crate::checkpoint::LOADABLE_PARTS);
     }
     positive(&mut e, "metrics.log_freq", c.metrics.log_freq);
     if c.metrics.enable_tensorboard && c.metrics.save_tb_folder.is_empty() {
@@ -190,13 +150,12 @@ pub fn validate(c: &JobConfig) -> Result<()> {
     if let Err(m) = c.activation_checkpoint.policy() {
         e.push(m);
     }
-    one_of(&mut e, "comm.backend", &c.comm.backend, &["local"]);
     if !(c.comm.timeout_seconds > 0.0) {
         e.push(format!("`comm.timeout_seconds` = {} must be > 0", c.comm.timeout_seconds));
     }
     let v = &c.validation;
     if v.enable {
-        positive(&mut e, "validation.local_batch_size", v.local_batch_size);
+        positive(&mut e, "validation.local_batch_size", v.local_batch_size as u64);
         positive(&mut e, "validation.freq", v.freq);
         if v.steps == 0 || v.steps < -1 {
             e.push(format!("`validation.steps` = {} must be positive, or -1 for the whole set", v.steps));
@@ -208,74 +167,9 @@ pub fn validate(c: &JobConfig) -> Result<()> {
             ));
         }
     }
-    let args = match c.model_args() {
-        Ok(a) => Some(a),
-        Err(msg) if c.model.flavor == "hf" => {
-            e.push(msg);
-            None
-        }
-        Err(_) => None, // an unknown flavor is reported above
-    };
-    if let Some(args) = args {
-        if let Err(msg) = args.validate() {
-            e.push(format!("`model.flavor` = {:?}: {msg}", c.model.flavor));
-        }
-        if args.tie_word_embeddings && p.pipeline_parallel_degree > 1 {
-            e.push(format!(
-                "the model ties its output head to the embedding (`tie_word_embeddings` in {}/config.json), which `parallelism.pipeline_parallel_degree` = {} would place on different stages; use 1 (TorchTitan has the same limit)",
-                c.model.hf_assets_path, p.pipeline_parallel_degree
-            ));
-        }
-        // The mesh rules and the model's divisibility, checked before anything starts.
-        let dims = p.dims(None);
-        match dims {
-            Ok(d) => {
-                // (An unknown schedule is reported above.)
-                let schedule_known = titan_parallel::pp::Schedule::parse(&p.pipeline_parallel_schedule).is_some();
-                if let (true, Err(msg)) =
-                    (schedule_known, crate::pipeline::RankLayout::new(p, &args, t.local_batch_size.max(1) as usize, 0))
-                {
-                    e.push(msg);
-                }
-                if let Err(msg) = d.validate_model(
-                    args.n_heads,
-                    args.n_kv_heads,
-                    args.ffn_hidden_dim(),
-                    args.vocab_size,
-                    args.n_layers,
-                ) {
-                    e.push(msg);
-                }
-                let moe_key_set = c.model.moe_load_balance_coeff >= 0.0 || c.model.moe_aux_loss_alpha >= 0.0;
-                if args.moe.is_none() && moe_key_set {
-                    e.push(format!(
-                        "`model.moe_load_balance_coeff` / `model.moe_aux_loss_alpha` apply to mixture-of-experts flavors; `model.flavor` = {:?} is dense",
-                        c.model.flavor
-                    ));
-                }
-                if args.moe.as_ref().is_some_and(|m| m.aux_loss_alpha > 0.0) && t.device != "cpu" {
-                    e.push("`model.moe_aux_loss_alpha` > 0 runs on the CPU device (the loss is attached by a CPU op); set `training.device` = \"cpu\" or the weight to 0".into());
-                }
-                if args.moe.is_some() && c.checkpoint.last_save_in_hf {
-                    e.push(format!(
-                        "`checkpoint.last_save_in_hf` = true: `model.flavor` = {:?} is a mixture-of-experts model, which titan-rs does not export to Hugging Face format yet (the Llama layout has no experts); set it to false",
-                        c.model.flavor
-                    ));
-                }
-                match (&args.moe, d.ep) {
-                    (None, ep) if ep > 1 => e.push(format!(
-                        "`parallelism.expert_parallel_degree` = {ep} needs a mixture-of-experts model; `model.flavor` = {:?} is dense (try \"moe_debug\" or \"moe_1B\") or set the degree to 1",
-                        c.model.flavor
-                    )),
-                    (Some(m), ep) if m.num_experts % ep != 0 => e.push(format!(
-                        "`parallelism.expert_parallel_degree` = {ep} does not divide the model's {} experts; use a divisor of {}",
-                        m.num_experts, m.num_experts
-                    )),
-                    _ => {}
-                }
-            }
-            Err(msg) => e.push(msg),
-        }
+    // The degrees themselves (the model × mesh rules run before training: `memory::checks`).
+    if let Err(msg) = c.parallelism.dims(None) {
+        e.push(msg);
     }
     if !e.is_empty() {
         bail!("invalid config:\n  - {}", e.join("\n  - "));

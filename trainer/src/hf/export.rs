@@ -4,6 +4,7 @@
 //! folder appears complete or not at all.
 
 use super::{to_hf, transpose};
+use crate::config::ExportDtype;
 use anyhow::{anyhow, bail, Context, Result};
 use safetensors::Dtype;
 use std::collections::{BTreeMap, HashMap};
@@ -15,8 +16,8 @@ use titan_models::hf_config::to_hf_config;
 use titan_models::ModelArgs;
 
 pub struct ExportOptions {
-    /// "float32" or "bfloat16".
-    pub dtype: String,
+    /// The weights' type (`checkpoint.export_dtype`).
+    pub dtype: ExportDtype,
     /// Shards are cut above this size (transformers' default: 5 GB).
     pub max_shard_bytes: u64,
     /// A `tokenizer.json` to ship with the weights.
@@ -26,7 +27,7 @@ pub struct ExportOptions {
 
 impl Default for ExportOptions {
     fn default() -> Self {
-        Self { dtype: "float32".into(), max_shard_bytes: 5_000_000_000, tokenizer: None, max_position_embeddings: 8192 }
+        Self { dtype: ExportDtype::Float32, max_shard_bytes: 5_000_000_000, tokenizer: None, max_position_embeddings: 8192 }
     }
 }
 
@@ -40,10 +41,9 @@ fn encode(v: &[f32], dtype: Dtype) -> Vec<u8> {
 /// Writes the model tensors of `src` (titan-rs names; optimizer state is skipped) as an HF
 /// folder at `out`. Returns the tensors and bytes of weights written.
 pub fn export(src: &dyn TensorSource, args: &ModelArgs, out: &Path, o: &ExportOptions) -> Result<(usize, u64)> {
-    let dtype = match o.dtype.as_str() {
-        "float32" => Dtype::F32,
-        "bfloat16" => Dtype::BF16,
-        d => bail!("`checkpoint.export_dtype` = {d:?} is not supported; use \"float32\" or \"bfloat16\""),
+    let dtype = match o.dtype {
+        ExportDtype::Float32 => Dtype::F32,
+        ExportDtype::BFloat16 => Dtype::BF16,
     };
     if args.moe.is_some() {
         bail!(
@@ -97,7 +97,7 @@ pub fn export(src: &dyn TensorSource, args: &ModelArgs, out: &Path, o: &ExportOp
         let index = serde_json::json!({ "metadata": { "total_size": total }, "weight_map": weight_map });
         fs::write(tmp.join("model.safetensors.index.json"), json(index))?;
     }
-    fs::write(tmp.join("config.json"), json(to_hf_config(args, o.max_position_embeddings, &o.dtype)))?;
+    fs::write(tmp.join("config.json"), json(to_hf_config(args, o.max_position_embeddings, o.dtype.as_str())))?;
     fs::write(tmp.join("generation_config.json"), json(serde_json::json!({ "_from_model_config": true })))?;
     if let Some(tok) = &o.tokenizer {
         fs::copy(tok, tmp.join("tokenizer.json")).with_context(|| format!("copying {}", tok.display()))?;
@@ -124,5 +124,5 @@ pub fn max_positions(cfg: &crate::config::JobConfig) -> usize {
         .flatten()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
         .and_then(|v| v["max_position_embeddings"].as_u64());
-    own.map_or(cfg.training.seq_len as usize, |m| m as usize)
+    own.map_or(cfg.training.seq_len, |m| m as usize)
 }

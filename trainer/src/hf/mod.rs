@@ -16,7 +16,6 @@
 //!
 //! Both use RoPE's rotate-half layout, so q/k need no permutation.
 
-pub mod convert;
 pub mod export;
 
 use anyhow::Result;

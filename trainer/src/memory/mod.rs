@@ -1,7 +1,9 @@
-//! Will it fit? Each rank's memory planned from the config before anything is allocated
-//! ([`plan`]), the check `titan-rs train` runs with it (`training.memory_check`), and the host
-//! totals `titan-rs plan` prints. Thread ranks share one host's memory, so their plans add up.
+//! Will it run, will it fit? The model × mesh rules ([`checks`]), each rank's memory planned
+//! from the config before anything is allocated ([`plan`]), the check `titan-rs train` runs
+//! with it (`training.memory_check`), and the host totals `titan-rs plan` prints. Thread ranks
+//! share one host's memory, so their plans add up.
 
+pub mod checks;
 pub mod plan;
 
 use crate::config::JobConfig;
@@ -82,13 +84,13 @@ pub fn check_fits(cfg: &JobConfig, dims: &ParallelDims, ranks_here: Option<usize
     if !cfg.training.memory_check {
         return Ok(());
     }
-    let gpu = cfg.training.device != "cpu";
+    let gpu = cfg.training.device.is_gpu();
     let (available, source) = if gpu {
         match device_memory(cfg) {
             Some(m) => m,
             None => {
                 tracing::warn!(
-                    "cannot tell the memory of `training.device` = {:?} (no nvidia-smi, no amdgpu sysfs entry): the fit check is skipped; set `training.device_memory_gib` to check",
+                    "cannot tell the memory of `training.device` = \"{}\" (no nvidia-smi, no amdgpu sysfs entry): the fit check is skipped; set `training.device_memory_gib` to check",
                     cfg.training.device
                 );
                 return Ok(());
@@ -158,7 +160,7 @@ pub fn device_memory(cfg: &JobConfig) -> Option<(u64, String)> {
 mod tests {
     use super::*;
 
-    fn cfg(flavor: &str, shard: i64, tp: i64, pp: i64) -> (JobConfig, ParallelDims) {
+    fn cfg(flavor: &str, shard: i64, tp: usize, pp: usize) -> (JobConfig, ParallelDims) {
         let mut c = JobConfig::default();
         c.model.flavor = flavor.into();
         c.parallelism.data_parallel_shard_degree = shard;

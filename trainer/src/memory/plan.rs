@@ -24,9 +24,9 @@
 //! attention's log-sum-exp (`h`, float32). A checkpointed block keeps its input only. The last
 //! stage keeps the final norm's input and output (`2d`) and float32 logits (`vocab / tp`).
 
-use crate::config::JobConfig;
-use crate::parallelize::{ep_split_dim, tp_split_dim};
-use crate::pipeline::RankLayout;
+use crate::config::{JobConfig, RotateMethod};
+use crate::rank::parallelize::{ep_split_dim, tp_split_dim};
+use crate::rank::pipeline::RankLayout;
 use anyhow::{anyhow, Result};
 use burn::prelude::*;
 use titan_models::{Checkpointing, ModelArgs};
@@ -150,7 +150,7 @@ impl Widths {
 /// The plan of pipeline rank `pp_rank` of the mesh `dims`.
 pub fn rank_memory(cfg: &JobConfig, args: &ModelArgs, dims: &ParallelDims, pp_rank: usize) -> Result<RankMemory> {
     let p = &cfg.parallelism;
-    let local_batch = cfg.training.local_batch_size.max(1) as usize;
+    let local_batch = cfg.training.local_batch_size.max(1);
     let layout = RankLayout::new(p, args, local_batch, pp_rank).map_err(|e| anyhow!(e))?;
     let ac = cfg.activation_checkpoint.policy().map_err(|e| anyhow!(e))?;
     let (tp, dp) = (dims.tp.max(1) as u64, dims.dp_replicate.max(1) as u64);
@@ -159,9 +159,9 @@ pub fn rank_memory(cfg: &JobConfig, args: &ModelArgs, dims: &ParallelDims, pp_ra
     let (shard, cp) = (dims.fsdp_size().max(1) as u64, dims.cp.max(1));
     // Expert parallelism: the routed experts split over ep ranks, sharded over the rest.
     let (ep, expert_shard) = (dims.ep.max(1) as u64, dims.efsdp_size().max(1) as u64);
-    let elem: u64 = if cfg.training.mixed_precision_param == "float32" { 4 } else { 2 };
+    let elem = cfg.training.mixed_precision_param.bytes();
     let w = Widths::new(args, tp, p.enable_sequence_parallel);
-    let tokens = (local_batch / layout.microbatches * cfg.training.seq_len as usize / cp) as f64;
+    let tokens = (local_batch / layout.microbatches * cfg.training.seq_len / cp) as f64;
 
     // Lazily initialised: building the stages allocates nothing, it only knows their shapes.
     let stages = layout.build(args, 0, (true, true), &Device::flex());
@@ -243,10 +243,10 @@ pub fn rank_memory(cfg: &JobConfig, args: &ModelArgs, dims: &ParallelDims, pp_ra
     // CP: the attention's host copies of the local K and V, the blocks held (two in a ring, all
     // of them gathered), and as many dK, dV in backward.
     let kv_block = 4 * 2 * (w.kv as f64 * tokens) as u64;
-    let cp_buffers = match (cp > 1, p.context_parallel_rotate_method.as_str()) {
+    let cp_buffers = match (cp > 1, p.context_parallel_rotate_method) {
         (false, _) => 0,
-        (true, "allgather") => kv_block * (1 + 2 * cp as u64),
-        (true, _) => kv_block * 5,
+        (true, RotateMethod::AllGather) => kv_block * (1 + 2 * cp as u64),
+        (true, RotateMethod::Ring) => kv_block * 5,
     };
     let in_step = if tp > 1 { 3 * residual } else { 0 }
         + if layout.split.pp > 1 { 2 * residual } else { 0 }

@@ -4,7 +4,7 @@
 use super::console::Palette;
 use super::peak::Peak;
 use super::tensorboard::EventWriter;
-use crate::trainer::StepStats;
+use crate::metrics::StepStats;
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;

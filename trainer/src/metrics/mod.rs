@@ -1,5 +1,6 @@
 //! What a run reports and how it can be watched:
 //!
+//! * [`step`]: what one optimizer step did ([`StepStats`]).
 //! * [`logger`]: per-step console lines, `metrics.jsonl`, TensorBoard scalars.
 //! * [`peak`]: the peak TFLOP/s MFU is measured against, and how it was obtained.
 //! * [`tensorboard`]: TensorBoard event files (writer and a verifying reader).
@@ -12,7 +13,9 @@ pub mod console;
 pub mod logger;
 pub mod peak;
 pub mod plot;
+pub mod step;
 pub mod tensorboard;
 pub mod trace;
 
 pub use logger::{memory_gib, MetricsLogger, Sinks};
+pub use step::StepStats;

@@ -13,6 +13,7 @@
 //! A peak titan-rs obtained itself is also raised to any throughput a logging window achieves
 //! ([`crate::metrics::MetricsLogger`]), so an MFU above 100 % never comes from our own number.
 
+use crate::config::{DeviceKind, Precision};
 use burn::prelude::*;
 use std::time::Instant;
 
@@ -30,10 +31,10 @@ pub struct Peak {
 /// the CPU's cores or one GPU), so each gets that share. `None`: a GPU not in the table and no
 /// `metrics.peak_tflops` (MFU is then not reported).
 pub fn resolve(
-    configured: f64,
-    device_name: &str,
+    configured: Option<f64>,
+    device_kind: DeviceKind,
     device: &Device,
-    compute_dtype: &str,
+    compute_dtype: Precision,
     ranks_sharing: usize,
 ) -> Option<Peak> {
     let share = |p: Peak| {
@@ -43,10 +44,10 @@ pub fn resolve(
         let n = ranks_sharing as f64;
         Peak { tflops: p.tflops / n, how: format!("{} ÷ {ranks_sharing} ranks sharing the device", p.how), ..p }
     };
-    if configured > 0.0 {
+    if let Some(configured) = configured {
         return Some(share(Peak { tflops: configured, how: "metrics.peak_tflops".into(), own: false }));
     }
-    if device_name != "cpu" {
+    if device_kind.is_gpu() {
         let adapter = crate::device::selected_adapter().unwrap_or_default();
         return gpu_peak(&adapter, compute_dtype).map(|(t, row)| {
             share(Peak { tflops: t, how: format!("{adapter}: {row} dense {compute_dtype} peak (table)"), own: true })
@@ -168,7 +169,7 @@ pub fn measure_linear_tflops(device: &Device, rounds: usize) -> f64 {
 /// Dense peak TFLOP/s of a known GPU for `compute_dtype` (bfloat16/float16: the tensor-core
 /// peak; float32: the TF32 tensor-core peak), and the table row that matched. Vendors' data
 /// sheets; TorchTitan's table (`tools/utils.py::get_peak_flops`) for the NVIDIA bf16 rows.
-pub fn gpu_peak(adapter: &str, compute_dtype: &str) -> Option<(f64, &'static str)> {
+pub fn gpu_peak(adapter: &str, compute_dtype: Precision) -> Option<(f64, &'static str)> {
     // (name substring, bf16/fp16, tf32) — longer names first (H100 NVL before H100, L40S before L4).
     const TABLE: &[(&str, f64, f64)] = &[
         ("GH200", 989.0, 494.7),
@@ -192,7 +193,7 @@ pub fn gpu_peak(adapter: &str, compute_dtype: &str) -> Option<(f64, &'static str
         ("MI250X", 383.0, 95.7),
     ];
     let name = adapter.to_uppercase();
-    let half = matches!(compute_dtype, "bfloat16" | "float16");
+    let half = compute_dtype.is_half();
     TABLE.iter().find(|(k, ..)| name.contains(k)).map(|&(k, h, f)| (if half { h } else { f }, k))
 }
 
@@ -216,11 +217,11 @@ mod tests {
 
     #[test]
     fn gpu_table_matches_names_and_dtypes() {
-        assert_eq!(gpu_peak("NVIDIA H200", "bfloat16"), Some((989.0, "H200")));
-        assert_eq!(gpu_peak("NVIDIA H100 PCIe", "float32"), Some((378.0, "H100 PCIE")));
-        assert_eq!(gpu_peak("NVIDIA L40S", "float16"), Some((362.0, "L40S")));
-        assert_eq!(gpu_peak("NVIDIA L4", "bfloat16"), Some((121.0, "L4")));
-        assert_eq!(gpu_peak("llvmpipe (LLVM 15.0.6, 256 bits)", "float32"), None);
+        assert_eq!(gpu_peak("NVIDIA H200", Precision::BFloat16), Some((989.0, "H200")));
+        assert_eq!(gpu_peak("NVIDIA H100 PCIe", Precision::Float32), Some((378.0, "H100 PCIE")));
+        assert_eq!(gpu_peak("NVIDIA L40S", Precision::Float16), Some((362.0, "L40S")));
+        assert_eq!(gpu_peak("NVIDIA L4", Precision::BFloat16), Some((121.0, "L4")));
+        assert_eq!(gpu_peak("llvmpipe (LLVM 15.0.6, 256 bits)", Precision::Float32), None);
     }
 
     /// The CPU peak is the ceiling or the best of 40 runs of the model's GEMM path: later
@@ -230,15 +231,15 @@ mod tests {
     #[test]
     fn cpu_peak_is_at_least_every_measured_gemm() {
         let device = Device::flex();
-        let peak = resolve(-1.0, "cpu", &device, "float32", 1).expect("a CPU peak");
+        let peak = resolve(None, DeviceKind::Cpu, &device, Precision::Float32, 1).expect("a CPU peak");
         assert!(peak.own && peak.tflops > 0.0, "{peak:?}");
         for _ in 0..3 {
             let m = measure_linear_tflops(&device, 1);
             assert!(m <= peak.tflops * 1.05, "measured {m} above the peak {peak:?}");
         }
-        let half = resolve(-1.0, "cpu", &device, "float32", 2).unwrap();
+        let half = resolve(None, DeviceKind::Cpu, &device, Precision::Float32, 2).unwrap();
         assert!(half.tflops < peak.tflops * 0.75 && half.how.contains("2 ranks"), "{half:?}");
-        let user = resolve(0.5, "cpu", &device, "float32", 2).unwrap();
+        let user = resolve(Some(0.5), DeviceKind::Cpu, &device, Precision::Float32, 2).unwrap();
         assert_eq!((user.tflops, user.own), (0.25, false));
     }
 }

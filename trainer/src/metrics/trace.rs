@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 /// Whether `step` (1-based) is recorded.
 pub fn should_profile(cfg: &JobConfig, step: u64) -> bool {
     let p = &cfg.profiling;
-    p.enable_profiling && p.profile_freq > 0 && step % p.profile_freq as u64 == 0
+    p.enable_profiling && p.profile_freq > 0 && step % p.profile_freq == 0
 }
 
 /// The folder of one recorded step.

@@ -80,7 +80,7 @@ impl AdamW {
 
     /// State as host tensors (`exp_avg.<path>`, `exp_avg_sq.<path>`), shaped like the parameters.
     pub fn state_dict<M: Module>(&self, model: &M) -> TensorMap {
-        let shapes: BTreeMap<String, Vec<usize>> = crate::state::param_shapes(model).into_iter().collect();
+        let shapes: BTreeMap<String, Vec<usize>> = crate::rank::params::param_shapes(model).into_iter().collect();
         let mut out = TensorMap::new();
         for (path, m) in &self.state {
             let shape = shapes[path].clone();
@@ -102,7 +102,7 @@ impl AdamW {
         device: &Device,
     ) -> Result<(), String> {
         self.state.clear();
-        for (path, shape) in crate::state::param_shapes(model) {
+        for (path, shape) in crate::rank::params::param_shapes(model) {
             let (Some(m), Some(v)) = (t.remove(&format!("exp_avg.{path}")), t.remove(&format!("exp_avg_sq.{path}")))
             else {
                 if step > 0 && !titan_models::moe::is_balancing_bias(&path) {

@@ -6,7 +6,7 @@
 //! sequence-wise balance loss.
 
 use crate::rank::{RankContext, RankModel};
-use crate::state;
+use crate::rank::params;
 use anyhow::Result;
 use burn::prelude::*;
 use titan_checkpoints::{HostTensor, TensorMap};
@@ -78,5 +78,5 @@ pub fn balance(model: RankModel, rank: &RankContext, device: &Device) -> Result<
         }
         out.sort_by_key(|l| l.layer);
     }
-    Ok((state::set_some_tensors(model, biases, device), out))
+    Ok((params::set_some_tensors(model, biases, device), out))
 }

@@ -4,12 +4,7 @@
 //! decays (linear, sqrt or cosine) towards `min_lr_factor · lr` and stays there after the end:
 //! it never rises again.
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum DecayType {
-    Linear,
-    Sqrt,
-    Cosine,
-}
+use crate::config::{DecayType, LrScheduler};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct LrSchedule {
@@ -22,26 +17,21 @@ pub struct LrSchedule {
 }
 
 impl LrSchedule {
-    pub fn from_config(c: &crate::config::JobConfig) -> Self {
-        let steps = c.training.steps as u64;
-        let warmup = (c.lr_scheduler.warmup_steps as u64).min(steps);
-        let decay_steps = if c.lr_scheduler.decay_ratio < 0.0 {
-            steps - warmup
-        } else {
-            ((steps as f64 * c.lr_scheduler.decay_ratio).round() as u64).min(steps - warmup)
+    /// The schedule of `[lr_scheduler]` for a peak `lr` over `steps` steps.
+    pub fn new(c: &LrScheduler, lr: f64, steps: u64) -> Self {
+        let warmup = c.warmup_steps.min(steps);
+        let decay_steps = match c.decay_ratio() {
+            None => steps - warmup,
+            Some(r) => ((steps as f64 * r).round() as u64).min(steps - warmup),
         };
-        let decay = match c.lr_scheduler.decay_type.as_str() {
-            "sqrt" => DecayType::Sqrt,
-            "cosine" => DecayType::Cosine,
-            _ => DecayType::Linear,
-        };
+        let decay = c.decay_type;
         Self {
-            lr: c.optimizer.lr,
+            lr,
             warmup_steps: warmup,
             stable_steps: steps - warmup - decay_steps,
             decay_steps,
             decay,
-            min_lr_factor: c.lr_scheduler.min_lr_factor,
+            min_lr_factor: c.min_lr_factor,
         }
     }
 
@@ -72,17 +62,10 @@ impl LrSchedule {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::JobConfig;
 
-    fn sched(steps: i64, warmup: i64, ratio: f64, kind: &str, min: f64) -> LrSchedule {
-        let mut c = JobConfig::default();
-        c.training.steps = steps;
-        c.optimizer.lr = 1.0;
-        c.lr_scheduler.warmup_steps = warmup;
-        c.lr_scheduler.decay_ratio = ratio;
-        c.lr_scheduler.decay_type = kind.into();
-        c.lr_scheduler.min_lr_factor = min;
-        LrSchedule::from_config(&c)
+    fn sched(steps: u64, warmup: u64, ratio: f64, kind: DecayType, min: f64) -> LrSchedule {
+        let c = LrScheduler { warmup_steps: warmup, decay_ratio: ratio, decay_type: kind, min_lr_factor: min };
+        LrSchedule::new(&c, 1.0, steps)
     }
 
     fn close(a: f64, b: f64) -> bool {
@@ -91,7 +74,7 @@ mod tests {
 
     #[test]
     fn linear_warmup_then_linear_decay_values() {
-        let s = sched(10, 2, -1.0, "linear", 0.0);
+        let s = sched(10, 2, -1.0, DecayType::Linear, 0.0);
         let got: Vec<f64> = (1..=10).map(|t| s.lr(t)).collect();
         // warmup: 1/3, 2/3; decay over 8 steps: 1 - k/9
         let want = [
@@ -113,7 +96,7 @@ mod tests {
 
     #[test]
     fn stable_phase_and_decay_ratio() {
-        let s = sched(10, 2, 0.4, "linear", 0.0);
+        let s = sched(10, 2, 0.4, DecayType::Linear, 0.0);
         assert_eq!((s.warmup_steps, s.stable_steps, s.decay_steps), (2, 4, 4));
         assert!((3..=6).all(|t| close(s.lr(t), 1.0)));
         assert!(close(s.lr(7), 0.8) && close(s.lr(10), 0.2));
@@ -121,19 +104,19 @@ mod tests {
 
     #[test]
     fn cosine_sqrt_and_min_factor() {
-        let c = sched(5, 0, -1.0, "cosine", 0.1);
+        let c = sched(5, 0, -1.0, DecayType::Cosine, 0.1);
         // progress k/6: 0.1 + 0.9 * 0.5 (1 + cos(pi k/6))
         for k in 1..=5u64 {
             let want = 0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * k as f64 / 6.0).cos());
             assert!(close(c.lr(k), want));
         }
-        let q = sched(3, 0, -1.0, "sqrt", 0.0);
+        let q = sched(3, 0, -1.0, DecayType::Sqrt, 0.0);
         assert!(close(q.lr(1), 1.0 - 0.25f64.sqrt()));
     }
 
     #[test]
     fn never_rises_after_the_end() {
-        for kind in ["linear", "sqrt", "cosine"] {
+        for &kind in DecayType::ALL {
             let s = sched(20, 3, -1.0, kind, 0.05);
             let lrs: Vec<f64> = (4..=60).map(|t| s.lr(t)).collect();
             assert!(lrs.windows(2).all(|w| w[1] <= w[0] + 1e-15), "{kind}: {lrs:?}");

@@ -1,9 +1,13 @@
 //! `titan-rs train`: the loop, top to bottom.
 
+
+pub mod elastic;
+pub mod trainer;
+
 use crate::config::{to_toml, JobConfig};
 use crate::metrics::{console, peak, trace, MetricsLogger, Sinks};
 use crate::rank::RankContext;
-use crate::trainer::Trainer;
+use crate::train::trainer::Trainer;
 use anyhow::{anyhow, bail, Result};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -142,13 +146,13 @@ fn start_logging(t: &Trainer, dump: &std::path::Path, steps: u64, logs: bool) ->
     }
     let device = t.device.clone().without_autodiff();
     let peak = peak::resolve(
-        cfg.metrics.peak_tflops,
-        &cfg.training.device,
+        cfg.metrics.peak_tflops(),
+        cfg.training.device,
         &device,
-        &cfg.training.mixed_precision_param,
+        cfg.training.mixed_precision_param,
         ranks_sharing_device(t),
     );
-    let flops_per_token = t.args.flops_per_token(cfg.training.seq_len as usize);
+    let flops_per_token = t.args.flops_per_token(cfg.training.seq_len);
     let sinks = Sinks {
         console: logs,
         color: console::stdout_color(cfg.metrics.disable_color_printing),
@@ -156,24 +160,16 @@ fn start_logging(t: &Trainer, dump: &std::path::Path, steps: u64, logs: bool) ->
         tensorboard,
         ranks_per_batch: t.rank.tp.as_ref().map_or(1, |g| g.size()) * t.layout.split.pp,
     };
-    let log = MetricsLogger::new(dump, sinks, cfg.metrics.log_freq as u64, t.step, steps, flops_per_token, peak)?;
+    let log = MetricsLogger::new(dump, sinks, cfg.metrics.log_freq, t.step, steps, flops_per_token, peak)?;
     if !logs {
         return Ok(Some(log));
     }
-    let dp = t.rank.dp_degree;
-    let shard = t.rank.fsdp.as_ref().map_or(1, |g| g.size());
-    let tp = match &t.rank.tp {
-        Some(g) if cfg.parallelism.enable_sequence_parallel => {
-            format!(", tensor parallel {} with sequence parallel", g.size())
-        }
-        Some(g) => format!(", tensor parallel {}", g.size()),
-        None => String::new(),
-    };
+    let dims = &t.rank.dims;
+    let sp = if t.placement.sequence_parallel() { " (sequence parallel)" } else { "" };
     let l = &t.layout;
     let pp = if l.split.pp > 1 {
         format!(
-            ", pipeline {} {} ({} stages of layers {:?}, {} microbatches)",
-            l.split.pp,
+            "; pipeline {} ({} stages of layers {:?}, {} microbatches)",
             l.schedule.name(),
             l.split.num_stages(),
             l.split.layers,
@@ -182,12 +178,14 @@ fn start_logging(t: &Trainer, dump: &std::path::Path, steps: u64, logs: bool) ->
     } else {
         String::new()
     };
+    let dp = dims.dp();
     println!(
-        "training steps {}..={steps}: {} tokens/step on {dp} data-parallel rank(s) (replicate {} × shard {shard}){tp}{pp}, {} microbatch(es) of {}×{} per rank",
+        "training steps {}..={steps}: {} tokens/step on {dp} data-parallel rank(s); mesh {} rank(s) = {}{sp}{pp}; {} microbatch(es) of {}×{} per rank",
         t.step + 1,
         t.tokens_per_step(),
-        dp / shard,
-        cfg.global_batch_size(dp) / (cfg.training.local_batch_size as usize * dp),
+        dims.world_size,
+        dims.describe(),
+        cfg.global_batch_size(dp) / (cfg.training.local_batch_size * dp),
         cfg.training.local_batch_size,
         cfg.training.seq_len
     );
@@ -220,7 +218,7 @@ fn save_plot(cfg: &JobConfig, log: &MetricsLogger, dump: &std::path::Path) -> Re
 /// writes metrics.
 fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summary> {
     let dump = PathBuf::from(&cfg.job.dump_folder);
-    let steps = cfg.training.steps as u64;
+    let steps = cfg.training.steps;
     let logs = rank.world_rank == log_rank;
     let mut t = Trainer::new(cfg, rank)?;
     let cfg = t.cfg.clone();
@@ -284,7 +282,7 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
         if let Some(log) = log.as_mut() {
             log.step(&s)?;
         }
-        if t.validation_enabled() && (step % cfg.validation.freq as u64 == 0 || step == steps) {
+        if t.validation_enabled() && (step % cfg.validation.freq == 0 || step == steps) {
             let (v, n) = {
                 let _span = titan_profiling::span("validation", "validation");
                 t.validate()?
@@ -298,7 +296,7 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
             console(&log, &format!("saved checkpoint {} (written in the background)", dir.display()));
         }
         let first = step == 1 && cfg.checkpoint.enable_first_step_checkpoint;
-        if cfg.checkpoint.enable && (step % cfg.checkpoint.interval as u64 == 0 || step == steps || first) {
+        if cfg.checkpoint.enable && (step % cfg.checkpoint.interval == 0 || step == steps || first) {
             let saved = {
                 let _span = titan_profiling::span("checkpoint", "checkpoint");
                 t.save_checkpoint()?
@@ -306,7 +304,7 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
             if let Some(dir) = saved {
                 console(&log, &format!("saved checkpoint {}", dir.display()));
             }
-            if let Some(s) = t.pending_save_step() {
+            if let Some(s) = t.checkpointer.pending_step() {
                 console(&log, &format!("checkpoint step-{s}: writing in the background"));
             }
             if let Some(png) = log.as_ref().filter(|_| logs).map(|l| save_plot(&cfg, l, &dump)).transpose()?.flatten() {
@@ -318,7 +316,7 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
                 console(&log, &format!("step trace: {}", path.display()));
             }
         }
-        if cfg.debug.stop_at_step == step as i64 {
+        if cfg.debug.stop_at() == Some(step) {
             console(&log, &format!("stopping after step {step} (debug.stop_at_step)"));
             break;
         }

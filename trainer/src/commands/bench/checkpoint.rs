@@ -11,11 +11,11 @@
 //! newly allocated bytes during the save (the counting allocator in `alloc`).
 
 use crate::alloc;
-use crate::config::JobConfig;
-use crate::pipeline::gather_stages;
+use crate::config::{AsyncMode, JobConfig};
+use crate::rank::pipeline::gather_stages;
 use crate::rank::RankContext;
-use crate::state;
-use crate::trainer::Trainer;
+use crate::rank::params;
+use crate::train::trainer::Trainer;
 use anyhow::Result;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -34,7 +34,7 @@ struct Sample {
 
 /// The previous save: full tensors gathered, rank 0 serializes and writes them.
 fn gathered_save(t: &Trainer, folder: &CheckpointFolder) -> Result<()> {
-    let model_t = t.placement.gather_full(state::model_to_tensors(&t.model), &t.rank)?;
+    let model_t = t.placement.gather_full(params::model_to_tensors(&t.model), &t.rank)?;
     let optim_t = t.placement.gather_full(t.optim.state_dict(&t.model), &t.rank)?;
     let (Some(model), Some(optim)) = (gather_stages(model_t, &t.layout, &t.rank)?, gather_stages(optim_t, &t.layout, &t.rank)?) else {
         return Ok(());
@@ -66,7 +66,7 @@ fn rank_bench(cfg: JobConfig, rank: RankContext, rounds: usize, steps: usize) ->
             t.step += 1;
             barrier(&t)?;
             let base = alloc::reset_thread_peak();
-            let blocked_before = t.checkpoint_blocked;
+            let blocked_before = t.checkpointer.blocked_seconds();
             let start = Instant::now();
             let (blocked, peak) = match mode {
                 0 => {
@@ -75,13 +75,13 @@ fn rank_bench(cfg: JobConfig, rank: RankContext, rounds: usize, steps: usize) ->
                     (start.elapsed().as_secs_f64(), alloc::thread_peak() - base)
                 }
                 1 => {
-                    t.cfg.checkpoint.async_mode = "disabled".into();
+                    t.cfg.checkpoint.async_mode = AsyncMode::Disabled;
                     t.save_checkpoint()?;
                     barrier(&t)?;
                     (start.elapsed().as_secs_f64(), alloc::thread_peak() - base)
                 }
                 _ => {
-                    t.cfg.checkpoint.async_mode = "async".into();
+                    t.cfg.checkpoint.async_mode = AsyncMode::Async;
                     t.save_checkpoint()?;
                     // The staging copy is this thread's; the training steps after it are not the save's.
                     let peak = alloc::thread_peak() - base;
@@ -91,7 +91,7 @@ fn rank_bench(cfg: JobConfig, rank: RankContext, rounds: usize, steps: usize) ->
                     }
                     t.wait_for_pending_save()?;
                     barrier(&t)?;
-                    (t.checkpoint_blocked - blocked_before, peak)
+                    (t.checkpointer.blocked_seconds() - blocked_before, peak)
                 }
             };
             out.push(Sample { wall: start.elapsed().as_secs_f64(), blocked, peak_bytes: peak as f64 });
@@ -113,7 +113,7 @@ pub fn bench(mut cfg: JobConfig, rounds: usize, steps: usize) -> Result<String> 
     cfg.checkpoint.enable = true;
     cfg.checkpoint.keep_latest_k = 1;
     cfg.validation.enable = false;
-    cfg.training.steps = i64::MAX / 2;
+    cfg.training.steps = u64::MAX / 2;
     let all = super::on_every_rank(&cfg, |rank| rank_bench(cfg.clone(), rank, rounds, steps))?;
     let ranks = all.len();
     let _ = std::fs::remove_dir_all(&dump);
@@ -121,7 +121,7 @@ pub fn bench(mut cfg: JobConfig, rounds: usize, steps: usize) -> Result<String> 
     let mut s = format!(
         "bench checkpoint: {} on {ranks} rank(s) ({}), {rounds} alternating rounds, {steps} training step(s) during each async write; medians [ranges]\n",
         cfg.model.flavor,
-        crate::bench::train::label(&cfg)
+        crate::commands::bench::train::label(&cfg)
     );
     s += "| save | wall s | training blocked s | peak new bytes, rank 0 GiB | peak new bytes, largest rank GiB |\n|---|---|---|---|---|\n";
     for (m, name) in MODES.iter().enumerate() {

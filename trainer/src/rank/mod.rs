@@ -1,10 +1,17 @@
-//! This rank: its place on the mesh (the groups it communicates in) and the part of the model
-//! it holds. Shared by the parallelisms (`parallelize`), the pipeline runner and the trainer.
+//! This rank: its place on the mesh (the groups it communicates in), the part of the model it
+//! holds and how it runs it — the parallelisms applied to its stages ([`parallelize`]), the
+//! pipeline schedule over them ([`pipeline`]), its parameters as host tensors ([`params`]) and
+//! its gradients: accumulated over microbatches, their global norm, clipping ([`grads`]).
+
+pub mod grads;
+pub mod parallelize;
+pub mod params;
+pub mod pipeline;
 
 use burn::prelude::*;
 use titan_models::Transformer;
 use titan_parallel::registry::{register, GroupHandle};
-use titan_parallel::{Communicator, MeshGroups};
+use titan_parallel::{Communicator, MeshGroups, ParallelDims};
 
 /// The pipeline stages on this rank (`chunks[c]` is stage `c·pp + pp_rank`); one chunk holding
 /// the whole model without pipeline parallelism.
@@ -15,6 +22,8 @@ pub struct RankModel {
 
 /// This rank's place on the mesh. Groups are `None` where their axis has size 1.
 pub struct RankContext {
+    /// The resolved mesh (every degree, -1 resolved against the world size).
+    pub dims: ParallelDims,
     pub world_rank: usize,
     pub dp_rank: usize,
     pub dp_degree: usize,
@@ -52,6 +61,7 @@ impl RankContext {
     /// Must be called on the rank's own thread (the FSDP and TP groups are registered there).
     pub fn new(g: MeshGroups) -> Self {
         Self {
+            dims: g.dims,
             world_rank: g.world_rank,
             dp_rank: g.dp_rank,
             dp_degree: g.dp_degree,

@@ -1,15 +1,15 @@
 //! `titan-rs generate`: sample text from a checkpoint.
 
 use crate::config::load_config;
-use crate::state::{load_model_tensors, param_shapes};
-use crate::pipeline::to_tensor_2d;
-use crate::trainer::build_model;
+use crate::rank::params::{load_model_tensors, param_shapes};
+use crate::rank::pipeline::to_tensor_2d;
+use crate::train::trainer::build_model;
 use anyhow::{anyhow, Context, Result};
 use burn::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::path::Path;
-use titan_checkpoints::sharded::tools::open_sources;
+use titan_checkpoints::sharded::tools::open_verified;
 use titan_checkpoints::{HostTensor, Region, TensorMap, TensorSource};
 use titan_data::Tokenizer;
 use titan_models::Transformer;
@@ -53,7 +53,7 @@ pub fn generate(checkpoint: &Path, o: &GenerateOptions) -> Result<String> {
         let reader = crate::checkpoint::open_step(checkpoint)?;
         let cfg = load_config(Some(&reader.path("config.toml")), &[]).context("the checkpoint's config.toml")?;
         let args = cfg.model_args().map_err(|e| anyhow!(e))?;
-        let sources = open_sources(reader.dir())?;
+        let sources = open_verified(reader.dir())?;
         let model = load_whole(build_model(&cfg, &args, 0, &device), sources[0].as_ref(), &device)?;
         (model, Tokenizer::from_file(&cfg.model.tokenizer_file())?)
     };

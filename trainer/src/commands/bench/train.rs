@@ -1,10 +1,11 @@
 //! `titan-rs bench train`: tokens/s, MFU and the communication share of training steps,
 //! measured with the real train step on the configured mesh (ranks as threads).
 
-use crate::config::JobConfig;
+use crate::config::{JobConfig, Precision};
 use crate::metrics::peak;
 use crate::rank::RankContext;
-use crate::trainer::{StepStats, Trainer};
+use crate::metrics::StepStats;
+use crate::train::trainer::Trainer;
 use anyhow::{anyhow, bail, Context, Result};
 
 #[derive(serde::Serialize)]
@@ -37,7 +38,7 @@ fn time_rank(cfg: JobConfig, rank: RankContext, warmup: usize, steps: usize) -> 
 pub fn bench(mut cfg: JobConfig, warmup: usize, steps: usize) -> Result<BenchResult> {
     cfg.checkpoint.enable = false;
     cfg.validation.enable = false;
-    cfg.training.steps = cfg.training.steps.max((warmup + steps) as i64);
+    cfg.training.steps = cfg.training.steps.max((warmup + steps) as u64);
     let mut all = super::on_every_rank(&cfg, |rank| time_rank(cfg.clone(), rank, warmup, steps))?;
     let ranks = all.len();
     for (stats, _) in &mut all {
@@ -53,10 +54,10 @@ pub fn bench(mut cfg: JobConfig, warmup: usize, steps: usize) -> Result<BenchRes
     let median = &stats[stats.len() / 2];
     let tps = tokens_per_step as f64 / median.seconds;
     // The whole job's throughput against the whole device (all ranks share it).
-    let device = crate::device::select(&cfg.training.device, cfg.training.device_index as usize)?;
-    let mut peak = peak::resolve(cfg.metrics.peak_tflops, &cfg.training.device, &device, &cfg.training.mixed_precision_param, 1);
+    let device = crate::device::select(cfg.training.device, cfg.training.device_index)?;
+    let mut peak = peak::resolve(cfg.metrics.peak_tflops(), cfg.training.device, &device, cfg.training.mixed_precision_param, 1);
     let args = cfg.model_args().map_err(|e| anyhow!(e))?;
-    let tflops = tps * args.flops_per_token(cfg.training.seq_len as usize) / 1e12;
+    let tflops = tps * args.flops_per_token(cfg.training.seq_len) / 1e12;
     let (mfu, _) = crate::metrics::logger::mfu(tflops, &mut peak);
     Ok(BenchResult {
         ranks,
@@ -70,7 +71,7 @@ pub fn bench(mut cfg: JobConfig, warmup: usize, steps: usize) -> Result<BenchRes
 }
 
 /// Writes one result as JSON, with what it measured (`label`) and the compute type.
-pub fn write_json(path: &std::path::Path, label: &str, precision: &str, r: &BenchResult) -> Result<()> {
+pub fn write_json(path: &std::path::Path, label: &str, precision: Precision, r: &BenchResult) -> Result<()> {
     let mut v = serde_json::to_value(r)?;
     v["label"] = serde_json::json!(label);
     v["mixed_precision_param"] = serde_json::json!(precision);
@@ -89,7 +90,7 @@ pub fn label(cfg: &JobConfig) -> String {
         if p.tensor_parallel_degree > 1 && !p.enable_sequence_parallel { " (no SP)" } else { "" }
     );
     if p.pipeline_parallel_degree > 1 {
-        let n = if p.num_pp_microbatches > 0 { p.num_pp_microbatches } else { p.pipeline_parallel_degree };
+        let n = p.pp_microbatches();
         layout += &format!(" × pp {} {} ({n} microbatches)", p.pipeline_parallel_degree, p.pipeline_parallel_schedule);
     }
     let t = &cfg.training;
@@ -119,12 +120,12 @@ fn range(v: &[f64]) -> (f64, f64) {
 pub fn pytorch_command(cfg: &JobConfig, warmup: usize, steps: usize) -> Vec<String> {
     let a = cfg.model_args().expect("validated model");
     let dp = cfg.parallelism.dims(None).map(|d| d.dp_replicate * d.dp_shard).unwrap_or(1);
-    let threads = if cfg.training.threads > 0 { cfg.training.threads as usize } else { rayon::current_num_threads() };
+    let threads = if cfg.training.threads > 0 { cfg.training.threads } else { rayon::current_num_threads() };
     let script = crate::paths::resolve("scripts/pytorch_baseline.py");
     let mut cmd = vec!["python3".to_string(), script.display().to_string()];
     for (k, v) in [
         ("--batch", cfg.global_batch_size(dp)),
-        ("--seq", cfg.training.seq_len as usize),
+        ("--seq", cfg.training.seq_len),
         ("--warmup", warmup),
         ("--steps", steps),
         ("--threads", threads),

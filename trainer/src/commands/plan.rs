@@ -3,7 +3,7 @@
 //! the other schedules would do on the same mesh.
 
 use crate::config::JobConfig;
-use crate::pipeline::RankLayout;
+use crate::rank::pipeline::RankLayout;
 use anyhow::{anyhow, Result};
 use std::fmt::Write;
 use titan_models::ModelArgs;
@@ -15,22 +15,18 @@ pub fn plan(cfg: &JobConfig) -> Result<String> {
     let p = &cfg.parallelism;
     let args = cfg.model_args().map_err(|e| anyhow!(e))?;
     let dims = p.dims(None).map_err(|e| anyhow!(e))?;
-    let local_batch = cfg.training.local_batch_size as usize;
+    let local_batch = cfg.training.local_batch_size;
     let layout = RankLayout::new(p, &args, local_batch, 0).map_err(|e| anyhow!(e))?;
     let (pp, v, n) = (layout.split.pp, layout.split.virtual_stages, layout.microbatches);
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "mesh: {} rank(s) = replicate {} × shard {} × cp {} × tp {} × pp {pp}{}",
+        "mesh: {} rank(s) = {}",
         dims.world_size,
-        dims.dp_replicate,
-        dims.dp_shard,
-        dims.cp,
-        dims.tp,
-        if dims.ep > 1 { format!(" (ep {} over shard × cp × tp)", dims.ep) } else { String::new() }
+        dims.describe()
     );
     if dims.cp > 1 {
-        let (t, c) = (cfg.training.seq_len as usize, dims.cp);
+        let (t, c) = (cfg.training.seq_len, dims.cp);
         let mut one = cfg.clone();
         one.parallelism.context_parallel_degree = 1;
         let without = titan_parallel::ParallelDims { cp: 1, world_size: dims.world_size / c, ..dims };

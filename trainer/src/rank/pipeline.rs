@@ -6,8 +6,8 @@
 //! gradient of its output (`(y · dy).sum().backward()`, the vector-Jacobian product), and the
 //! parameter gradients of all microbatches are accumulated.
 
-use crate::optim::grads;
-use crate::parallelize::Placement;
+use crate::rank::grads;
+use crate::rank::parallelize::Placement;
 use crate::rank::{RankContext, RankModel};
 use anyhow::{bail, Result};
 use burn::optim::GradientsParams;
@@ -47,17 +47,12 @@ impl RankLayout {
         local_batch: usize,
         pp_rank: usize,
     ) -> Result<Self, String> {
-        let pp = p.pipeline_parallel_degree.max(1) as usize;
-        let schedule = Schedule::parse(&p.pipeline_parallel_schedule).ok_or_else(|| {
-            format!(
-                "`parallelism.pipeline_parallel_schedule` = {:?} is not a schedule; use \"GPipe\", \"1F1B\" or \"Interleaved1F1B\"",
-                p.pipeline_parallel_schedule
-            )
-        })?;
+        let pp = p.pipeline_parallel_degree.max(1);
+        let schedule = p.pipeline_parallel_schedule.schedule();
         let (schedule, microbatches) = if pp == 1 {
             (Schedule::GPipe, 1)
         } else {
-            let n = if p.num_pp_microbatches == -1 { pp } else { p.num_pp_microbatches.max(0) as usize };
+            let n = p.pp_microbatches();
             check_microbatches(schedule, pp, n)?;
             if local_batch % n != 0 {
                 return Err(format!(
@@ -66,7 +61,7 @@ impl RankLayout {
             }
             (schedule, n)
         };
-        let lps = (p.pipeline_parallel_layers_per_stage > 0).then_some(p.pipeline_parallel_layers_per_stage as usize);
+        let lps = p.layers_per_stage();
         let split = StageSplit::new(args.n_layers, pp, schedule, lps)?;
         let stages = split.stages_of_rank(pp_rank);
         Ok(Self { split, schedule, microbatches, pp_rank, stages })

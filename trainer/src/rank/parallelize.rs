@@ -3,8 +3,8 @@
 //! then FSDP over the TP-local parameters. The same placement turns full tensors (checkpoints)
 //! into this rank's pieces and back, computes the loss, and completes gradients and their norm.
 
-use crate::optim::grads;
-use crate::state;
+use crate::rank::grads;
+use crate::rank::params;
 use crate::rank::{RankContext, RankModel};
 use anyhow::Result;
 use burn::module::ParamId;
@@ -71,6 +71,13 @@ pub struct Placement {
     pub fused_loss: bool,
 }
 
+impl Placement {
+    /// Whether tensor parallelism splits the sequence too (norms and residual stream).
+    pub fn sequence_parallel(&self) -> bool {
+        self.tp.as_ref().is_some_and(|t| t.sequence_parallel)
+    }
+}
+
 /// Applies TP, then CP (the attention hook), then EP (the routed experts), then FSDP (over
 /// dp_shard × cp; the routed experts under EP over their own group), to this rank's full
 /// stages (pipeline parallelism chose the stages).
@@ -84,7 +91,7 @@ pub fn parallelize_llama(
     if let Some(g) = &rank.tp {
         let (m, tp, hooks) = apply_tensor_parallel(model, g, sequence_parallel, tp_split_dim);
         model = RankModel { chunks: m.chunks.into_iter().map(|c| c.with_hooks(hooks.clone())).collect() };
-        placement.tp_split = state::param_ids(&model)
+        placement.tp_split = params::param_ids(&model)
             .into_iter()
             .filter(|(_, p)| tp.split_dims.contains_key(p))
             .map(|(id, _)| id)
@@ -106,7 +113,7 @@ pub fn parallelize_llama(
         placement.cp = Some(spec);
     }
     let ids = |model: &RankModel, keep: &dyn Fn(&str) -> bool| -> HashSet<ParamId> {
-        state::param_ids(model).into_iter().filter(|(_, p)| keep(p)).map(|(id, _)| id).collect()
+        params::param_ids(model).into_iter().filter(|(_, p)| keep(p)).map(|(id, _)| id).collect()
     };
     placement.moe = ids(&model, &is_moe);
     if let Some(g) = &rank.ep {
@@ -215,7 +222,7 @@ impl Placement {
             anyhow::bail!("gathering the whole model on one rank is not implemented under expert parallelism; the sharded checkpoint save handles it");
         }
         if let (Some(s), Some(g)) = (&self.fsdp, &rank.fsdp) {
-            map = with_group(g.id(), |c| state::unshard(map, s, c, param_path))?;
+            map = with_group(g.id(), |c| params::unshard(map, s, c, param_path))?;
         }
         if let Some(tp) = &self.tp {
             map = with_group(tp.group.id(), |c| {

@@ -1,56 +1,28 @@
 //! The training state of one rank and the operations on it: build (or resume), one optimizer
 //! step, validation, checkpoint.
 
-use crate::config::JobConfig;
-use crate::optim::grads;
+use crate::config::{DeviceKind, FailMode, JobConfig, MaskType, Precision};
+use crate::rank::grads;
 use crate::optim::LrSchedule;
 use crate::optim::{AdamW, AdamWConfig};
-use crate::parallelize::{parallelize_llama, Placement};
-use crate::pipeline::{forward_only, run_schedule, RankLayout, StepInputs};
+use crate::rank::parallelize::{parallelize_llama, Placement};
+use crate::rank::pipeline::{forward_only, run_schedule, RankLayout, StepInputs};
 use crate::rank::{RankContext, RankModel};
-use crate::{paths, state};
+use crate::metrics::StepStats;
+use crate::paths;
+use crate::rank::params;
 use anyhow::{anyhow, bail, Result};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
-use titan_checkpoints::CheckpointFolder;
+use crate::checkpoint::{Checkpointer, TrainingState};
 use titan_data::{tokenize_corpus_with, Batch, DataLoader, LoaderConfig, Tokenizer, ValidationBatches};
 use std::borrow::Cow;
 use titan_models::{Checkpointing, DocumentMask, Documents, ModelArgs, Transformer};
-use titan_parallel::cp::Rotate;
 use titan_parallel::registry::with_group;
 use titan_parallel::{CommExt, ReduceOp};
-
-/// What one optimizer step did.
-#[derive(Debug, Clone, Serialize)]
-pub struct StepStats {
-    pub step: u64,
-    pub loss: f64,
-    pub grad_norm: f64,
-    pub lr: f64,
-    pub tokens: usize,
-    pub seconds: f64,
-    /// Of `seconds`, the time spent inside collectives (including waiting for other ranks).
-    pub comm_seconds: f64,
-    /// Of `seconds`, the time spent computing forward and backward passes (the rest is
-    /// communication, pipeline bubbles and the optimizer).
-    pub busy_seconds: f64,
-    /// Of `seconds`, the wall time of the forward/backward schedule (`busy_seconds` plus the
-    /// waits for other pipeline stages): `1 − busy / pipeline` is the measured bubble.
-    pub pipeline_seconds: f64,
-    /// This rank's parameter and optimizer-state bytes (shards under FSDP).
-    pub param_bytes: usize,
-    pub optim_bytes: usize,
-    /// Dataset mixtures: tokens of the whole job seen so far from each source.
-    pub tokens_by_source: Vec<(String, u64)>,
-    /// MoE models: each layer's tokens per expert in this step (the whole job's).
-    pub expert_load: Vec<crate::optim::expert_bias::ExpertLoad>,
-    /// Of `comm_seconds`, the expert-parallel all-to-alls (dispatch, combine, their gradients).
-    pub all_to_all_seconds: f64,
-}
 
 pub struct Trainer {
     pub cfg: JobConfig,
@@ -73,21 +45,17 @@ pub struct Trainer {
     /// Block-causal attention over packed documents (`model.attn_mask_type`).
     pub documents: Option<DocumentMask>,
     val_batches: Vec<Batch>,
-    pub(crate) checkpoints: CheckpointFolder,
     /// The sources of a dataset mixture (empty for one corpus), for per-source token metrics.
     source_names: Vec<String>,
-    /// A checkpoint being written on a background thread (`checkpoint.async_mode = "async"`).
-    pub(crate) pending_save: Option<crate::checkpoint::pending::PendingSave>,
-    /// Seconds training has waited for checkpoint saves (staging, writing when synchronous,
-    /// committing).
-    pub checkpoint_blocked: f64,
+    /// The checkpoint folder and the save in flight.
+    pub checkpointer: Checkpointer,
 }
 
 /// The model a config describes, lazily initialised from `seed` on `device`.
 pub fn build_model(cfg: &JobConfig, args: &ModelArgs, seed: u64, device: &Device) -> Transformer {
     Transformer::new(args, seed, device)
-        .with_fused_attention(cfg.model.attention == "fused")
-        .with_fused_kernels(cfg.model.kernels == "fused")
+        .with_fused_attention(cfg.model.attention.is_fused())
+        .with_fused_kernels(cfg.model.kernels.is_fused())
 }
 
 /// This rank's pipeline stages as the config describes them (kernels, compute type), lazily
@@ -99,33 +67,31 @@ pub(crate) fn build_stages(
     seed: u64,
     device: &Device,
 ) -> Result<RankModel> {
-    let fused = (cfg.model.attention == "fused", cfg.model.kernels == "fused");
-    let compute = compute_dtype(&cfg.training.mixed_precision_param, device, &cfg.training.device)?;
+    let fused = (cfg.model.attention.is_fused(), cfg.model.kernels.is_fused());
+    let compute = compute_dtype(cfg.training.mixed_precision_param, device, cfg.training.device)?;
     let stages = layout.build(args, seed, fused, device);
     Ok(RankModel { chunks: stages.chunks.into_iter().map(|c| c.with_compute_dtype(compute)).collect() })
 }
 
 /// Applies the config's parallelisms to this rank's stages.
 fn parallelize(cfg: &JobConfig, stages: RankModel, rank: &RankContext) -> (RankModel, Placement) {
-    let rotate = if cfg.parallelism.context_parallel_rotate_method == "allgather" { Rotate::AllGather } else { Rotate::Ring };
+    let rotate = cfg.parallelism.context_parallel_rotate_method.rotate();
     let (model, mut placement) = parallelize_llama(stages, rank, cfg.parallelism.enable_sequence_parallel, rotate);
-    placement.fused_loss = cfg.model.kernels == "fused";
+    placement.fused_loss = cfg.model.kernels.is_fused();
     (model, placement)
 }
 
 /// The compute type of `training.mixed_precision_param` (`None` = float32, the parameters'
 /// type), if `device` supports it.
-fn compute_dtype(name: &str, device: &Device, device_name: &str) -> Result<Option<burn::tensor::DType>> {
-    use burn::tensor::DType;
-    let dtype = match name {
-        "bfloat16" => DType::BF16,
-        "float16" => DType::F16,
-        _ => return Ok(None),
-    };
+fn compute_dtype(precision: Precision, device: &Device, kind: DeviceKind) -> Result<Option<burn::tensor::DType>> {
+    if !precision.is_half() {
+        return Ok(None);
+    }
+    let dtype = precision.dtype();
     if !device.supports_dtype(dtype) {
         bail!(
-            "`training.mixed_precision_param` = {name:?}: the {device_name} device does not compute in {name}; use {} or \"float32\"",
-            if dtype == DType::BF16 { "\"float16\"" } else { "\"bfloat16\"" }
+            "`training.mixed_precision_param` = \"{precision}\": the {kind} device does not compute in {precision}; use {} or \"float32\"",
+            if precision == Precision::BFloat16 { "\"float16\"" } else { "\"bfloat16\"" }
         );
     }
     Ok(Some(dtype))
@@ -136,7 +102,7 @@ impl Trainer {
     /// checkpointing is on and one exists.
     pub fn new(cfg: JobConfig, rank: RankContext) -> Result<Self> {
         let args = cfg.model_args().map_err(|e| anyhow!(e))?;
-        let mut device = crate::device::select(&cfg.training.device, cfg.training.device_index as usize)?.autodiff();
+        let mut device = crate::device::select(cfg.training.device, cfg.training.device_index)?.autodiff();
         if cfg.activation_checkpoint.policy() == Ok(Checkpointing::Ops) {
             // Op-level selective AC: Burn's balanced strategy recomputes the memory-bound ops.
             device = device.gradient_checkpointing();
@@ -162,24 +128,23 @@ impl Trainer {
         }
         let source_names: Vec<String> =
             if specs.len() > 1 { cfg.training.datasets.iter().map(|d| d.path.clone()).collect() } else { Vec::new() };
-        let seq_len = cfg.training.seq_len as usize;
+        let seq_len = cfg.training.seq_len;
         let loader = DataLoader::mixture(
             corpora,
             LoaderConfig {
                 seq_len,
                 global_batch_size: cfg.global_batch_size(rank.dp_degree),
-                local_batch_size: cfg.training.local_batch_size as usize,
+                local_batch_size: cfg.training.local_batch_size,
                 dp_rank: rank.dp_rank,
                 dp_degree: rank.dp_degree,
-                seed: cfg.training.seed as u64,
+                seed: cfg.training.seed,
             },
         )?;
         let val_batches = if cfg.validation.enable {
             let v = &cfg.validation;
             let path = paths::dataset(&v.dataset, &v.dataset_path);
             let vt = tokenize_corpus_with(&path, &tokenizer, &cache, &corpus)?;
-            let steps = (v.steps > 0).then_some(v.steps as usize);
-            let b = ValidationBatches::collect(&vt, seq_len, v.local_batch_size as usize, steps);
+            let b = ValidationBatches::collect(&vt, seq_len, v.local_batch_size, v.steps());
             if b.is_empty() {
                 bail!(
                     "validation set {} is too small for one batch of {} × {seq_len} tokens",
@@ -191,23 +156,22 @@ impl Trainer {
         } else {
             Vec::new()
         };
-        let layout = RankLayout::new(&cfg.parallelism, &args, cfg.training.local_batch_size as usize, rank.pp_rank)
+        let layout = RankLayout::new(&cfg.parallelism, &args, cfg.training.local_batch_size, rank.pp_rank)
             .map_err(|e| anyhow!(e))?;
-        let stages = build_stages(&cfg, &args, &layout, cfg.training.seed as u64, &device)?;
+        let stages = build_stages(&cfg, &args, &layout, cfg.training.seed, &device)?;
         let (model, placement) = parallelize(&cfg, stages, &rank);
-        let checkpoints = CheckpointFolder::new(PathBuf::from(&cfg.job.dump_folder).join(&cfg.checkpoint.folder));
         let mut t = Self {
             optim: AdamW::new(AdamWConfig {
-                fused: cfg.model.kernels == "fused",
+                fused: cfg.model.kernels.is_fused(),
                 ..AdamWConfig::from_config(&cfg.optimizer)
             }),
-            schedule: LrSchedule::from_config(&cfg),
+            schedule: LrSchedule::new(&cfg.lr_scheduler, cfg.optimizer.lr, cfg.training.steps),
             args,
             device,
             model,
             layout,
             loader,
-            documents: (cfg.model.attn_mask_type == "block_causal").then(|| DocumentMask {
+            documents: (cfg.model.attn_mask_type == MaskType::BlockCausal).then(|| DocumentMask {
                 eos: tokenizer.eos_id() as i64,
                 restart_positions: cfg.model.rope_per_document,
             }),
@@ -216,24 +180,51 @@ impl Trainer {
             placement,
             checkpointing: cfg.activation_checkpoint.policy().map_err(|e| anyhow!(e))?,
             val_batches,
-            checkpoints,
-            pending_save: None,
+            checkpointer: Checkpointer::new(&cfg),
             source_names,
-            checkpoint_blocked: 0.0,
             cfg,
             rank,
         };
-        if t.cfg.checkpoint.enable {
-            t.maybe_resume()?;
-        } else if !t.cfg.checkpoint.initial_load_path.is_empty() {
-            t.initial_load()?;
+        let (checkpointer, mut state) = t.checkpoint_parts();
+        if state.cfg.checkpoint.enable {
+            checkpointer.resume(&mut state)?;
+        } else if !state.cfg.checkpoint.initial_load_path.is_empty() {
+            crate::checkpoint::initial_load(&mut state)?;
         }
         Ok(t)
     }
 
+    /// The checkpointer and the state it saves or fills, borrowed apart.
+    fn checkpoint_parts(&mut self) -> (&mut Checkpointer, TrainingState<'_>) {
+        let Trainer { cfg, args, model, optim, loader, step, placement, layout, rank, device, checkpointer, .. } = self;
+        (checkpointer, TrainingState { cfg, args, model, optim, loader, step, placement, layout, rank, device })
+    }
+
+    /// Checkpoints the state after the current step (every rank calls it); see
+    /// [`Checkpointer::save`].
+    pub fn save_checkpoint(&mut self) -> Result<Option<PathBuf>> {
+        let (checkpointer, state) = self.checkpoint_parts();
+        checkpointer.save(&state)
+    }
+
+    /// Commits the background save if every rank's writer has finished (a collective).
+    pub fn poll_pending_save(&mut self) -> Result<Option<PathBuf>> {
+        self.checkpointer.poll(&self.rank)
+    }
+
+    /// Waits for the background save and commits it (every rank calls it).
+    pub fn wait_for_pending_save(&mut self) -> Result<Option<PathBuf>> {
+        self.checkpointer.wait(&self.rank)
+    }
+
+    /// Writes the latest checkpoint's model as a Hugging Face folder (`checkpoint.last_save_in_hf`).
+    pub fn export_hf(&mut self) -> Result<Option<PathBuf>> {
+        self.checkpointer.export_hf(&self.cfg, &self.args, &self.rank)
+    }
+
     /// Tokens in one global batch (all data-parallel ranks).
     pub fn tokens_per_step(&self) -> usize {
-        self.cfg.global_batch_size(self.rank.dp_degree) * self.cfg.training.seq_len as usize
+        self.cfg.global_batch_size(self.rank.dp_degree) * self.cfg.training.seq_len
     }
 
     /// One optimizer step over the next global batch (accumulating microbatches).
@@ -252,7 +243,7 @@ impl Trainer {
         // Every rank's batch has the same shape, so the global token count is known up front.
         let total_tokens = local_tokens * self.rank.dp_degree * self.rank.cp_degree();
         titan_models::moe::set_objective_tokens(total_tokens);
-        let inject = self.cfg.debug.inject_nonfinite_at_step == step as i64;
+        let inject = self.cfg.debug.nonfinite_at() == Some(step);
         let (mut loss_sum, mut busy) = (0.0f64, 0.0f64);
         let mut acc = GradientsParams::new();
         let pipeline_start = Instant::now();
@@ -290,7 +281,7 @@ impl Trainer {
             self.placement.grad_norm(&self.model, &acc, &self.rank)?
         };
         if !loss_sum.is_finite() || !grad_norm.is_finite() {
-            let last = self.checkpoints.latest().ok().flatten();
+            let last = self.checkpointer.folder().latest().ok().flatten();
             bail!(
                 "step {step}: the loss is {loss_sum} and the gradient norm {grad_norm}; training stopped and this state was not checkpointed{}. Try a lower `optimizer.lr` (now {}) or a smaller `training.max_norm`.",
                 last.map(|s| format!(" (the last good checkpoint is step-{s})")).unwrap_or_default(),
@@ -316,7 +307,7 @@ impl Trainer {
             comm_seconds: titan_parallel::comm::timing::take_seconds(),
             busy_seconds: busy,
             pipeline_seconds,
-            param_bytes: state::param_bytes(&self.model),
+            param_bytes: params::param_bytes(&self.model),
             optim_bytes: self.optim.state_bytes(),
             tokens_by_source: self.tokens_by_source(),
             expert_load,
@@ -329,15 +320,12 @@ impl Trainer {
     /// gradient reduction).
     fn inject_failure(&self, step: u64) -> Result<()> {
         let d = &self.cfg.debug;
-        let Some(&at) = usize::try_from(d.restart_attempt).ok().and_then(|a| d.fail_at_steps.get(a)) else {
-            return Ok(());
-        };
         let world = self.rank.world.as_ref().map_or(1, |w| w.size());
-        let rank = if d.fail_rank < 0 { world - 1 } else { d.fail_rank as usize };
-        if at != step as i64 || rank != self.rank.world_rank {
+        let rank = d.fail_rank(world);
+        if d.fail_at() != Some(step) || rank != self.rank.world_rank {
             return Ok(());
         }
-        if d.fail_mode == "kill" {
+        if d.fail_mode == FailMode::Kill {
             eprintln!("rank {rank}: debug.fail_at_steps: killing this process at step {step}");
             // SAFETY: signals this process; nothing after it runs.
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
@@ -383,9 +371,9 @@ impl Trainer {
 
     /// Positions per rank in the hidden states between pipeline stages.
     fn hidden_positions(&self) -> usize {
-        let seq = self.cfg.training.seq_len as usize / self.rank.cp_degree();
+        let seq = self.cfg.training.seq_len / self.rank.cp_degree();
         match &self.rank.tp {
-            Some(g) if self.cfg.parallelism.enable_sequence_parallel => seq / g.size(),
+            Some(g) if self.placement.sequence_parallel() => seq / g.size(),
             _ => seq,
         }
     }
