@@ -15,8 +15,16 @@ fn fixture(name: &str) -> PathBuf {
 fn hf_flags(dir: &Path) -> Vec<String> {
     let d = dir.display().to_string();
     [
-        "--model.flavor", "hf", "--model.hf_assets_path", &d, "--model.tokenizer_path", "assets/tokenizer/tokenizer.json",
-        "--checkpoint.initial_load_path", &d, "--checkpoint.initial_load_in_hf", "true",
+        "--model.flavor",
+        "hf",
+        "--model.hf_assets_path",
+        &d,
+        "--model.tokenizer_path",
+        "assets/tokenizer/tokenizer.json",
+        "--checkpoint.initial_load_path",
+        &d,
+        "--checkpoint.initial_load_in_hf",
+        "true",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -54,7 +62,8 @@ fn logits_and_loss_equal_transformers() {
     let d = tempfile::tempdir().unwrap();
     for name in ["tied_bf16", "untied_sharded"] {
         let dir = fixture(name);
-        let reference: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+        let reference: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
         let ids: Vec<Vec<i64>> = serde_json::from_value(reference["input_ids"].clone()).unwrap();
         let mut flags = tiny_args(&d.path().join(name), 1);
         flags.extend(hf_flags(&dir));
@@ -70,7 +79,10 @@ fn logits_and_loss_equal_transformers() {
         let worst = logits.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(worst <= 1e-4, "{name}: logits differ by up to {worst}");
         let (ours, theirs) = (next_token_loss(&logits, &ids, 2048), reference["loss"].as_f64().unwrap());
-        eprintln!("{name}: logits within {worst:e}, loss {ours} vs transformers {theirs} ({:e} relative)", (ours - theirs).abs() / theirs);
+        eprintln!(
+            "{name}: logits within {worst:e}, loss {ours} vs transformers {theirs} ({:e} relative)",
+            (ours - theirs).abs() / theirs
+        );
         assert!((ours - theirs).abs() <= 1e-5 * theirs, "{name}: loss {ours} vs transformers {theirs}");
     }
 }
@@ -145,13 +157,21 @@ fn bad_hf_inputs_are_clear_errors() {
     case("rope", &|c| c["rope_scaling"]["rope_type"] = "yarn".into(), &["config.json", "\"yarn\""]);
     case("arch", &|c| c["architectures"] = serde_json::json!(["Qwen2ForCausalLM"]), &["Qwen2ForCausalLM"]);
     let tied = copy_fixture("tied_bf16", &d.path().join("tied-pp"), |_: &mut serde_json::Value| {});
-    let o = run_hf(&d.path().join("tied-pp-dump"), &tied, "--parallelism.data_parallel_shard_degree 1 --parallelism.pipeline_parallel_degree 2", 1);
+    let o = run_hf(
+        &d.path().join("tied-pp-dump"),
+        &tied,
+        "--parallelism.data_parallel_shard_degree 1 --parallelism.pipeline_parallel_degree 2",
+        1,
+    );
     assert_clean_error(&o, &["tie_word_embeddings", "pipeline_parallel_degree"]);
 }
 
 fn all_tensors(dir: &Path) -> Vec<(String, Vec<u32>)> {
     let r = FolderReader::open(dir).unwrap();
-    r.shapes().into_iter().map(|(k, s)| (k.clone(), r.read(&k, &Region::full(&s)).unwrap().iter().map(|x| x.to_bits()).collect())).collect()
+    r.shapes()
+        .into_iter()
+        .map(|(k, s)| (k.clone(), r.read(&k, &Region::full(&s)).unwrap().iter().map(|x| x.to_bits()).collect()))
+        .collect()
 }
 
 /// from-hf → to-hf gives back the same tensors bit for bit (fp32, 4 shards); a titan-rs
@@ -168,29 +188,63 @@ fn conversion_and_export_round_trip() {
     assert_eq!(all_tensors(&out), all_tensors(&fixture("untied_sharded")));
 
     let trained = d.path().join("trained");
-    let o = run_hf(&trained, &fixture("tied_bf16"), "--checkpoint.enable true --checkpoint.last_save_in_hf true --checkpoint.export_dtype bfloat16", 2);
+    let o = run_hf(
+        &trained,
+        &fixture("tied_bf16"),
+        "--checkpoint.enable true --checkpoint.last_save_in_hf true --checkpoint.export_dtype bfloat16",
+        2,
+    );
     assert!(assert_ok(&o).contains("step-2-hf"));
     let hf = trained.join("checkpoint/step-2-hf");
     for f in ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
         assert!(hf.join(f).exists(), "{f}");
     }
-    let exported: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(hf.join("config.json")).unwrap()).unwrap();
-    assert_eq!((exported["tie_word_embeddings"].as_bool(), exported["rope_parameters"]["rope_type"].as_str()), (Some(true), Some("llama3")));
+    let exported: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(hf.join("config.json")).unwrap()).unwrap();
+    assert_eq!(
+        (exported["tie_word_embeddings"].as_bool(), exported["rope_parameters"]["rope_type"].as_str()),
+        (Some(true), Some("llama3"))
+    );
     // The same start from the bf16 export and from the checkpoint rounded to bf16 by hand is
     // what a user gets; here: from the fp32 export vs the checkpoint itself, exactly.
     let fp32 = d.path().join("fp32");
     assert_ok(&titan(&["convert", "to-hf", &p(&trained.join("checkpoint/step-2")), &p(&fp32)]));
     let (a, b) = (d.path().join("from-ckpt"), d.path().join("from-hf"));
     let args = tiny_args(&a, 2).into_iter().chain(hf_flags(&fixture("tied_bf16"))).collect::<Vec<_>>();
-    assert_ok(&run(&args, &["--checkpoint.initial_load_in_hf", "false", "--checkpoint.initial_load_path", &p(&trained.join("checkpoint/step-2"))]));
+    assert_ok(&run(
+        &args,
+        &[
+            "--checkpoint.initial_load_in_hf",
+            "false",
+            "--checkpoint.initial_load_path",
+            &p(&trained.join("checkpoint/step-2")),
+        ],
+    ));
     assert_ok(&run_hf(&b, &fp32, "", 2));
     assert_eq!(losses(&a), losses(&b));
     // … and through `convert from-hf` into a titan-rs checkpoint again.
     let (back, c) = (d.path().join("back"), d.path().join("from-back"));
     assert_ok(&titan(&["convert", "from-hf", &p(&fp32), &p(&back)]));
-    assert_ok(&run(&args.iter().map(|x| x.replace(&p(&a), &p(&c))).collect::<Vec<_>>(), &["--checkpoint.initial_load_in_hf", "false", "--checkpoint.initial_load_path", &p(&back.join("step-0"))]));
+    assert_ok(&run(
+        &args.iter().map(|x| x.replace(&p(&a), &p(&c))).collect::<Vec<_>>(),
+        &["--checkpoint.initial_load_in_hf", "false", "--checkpoint.initial_load_path", &p(&back.join("step-0"))],
+    ));
     assert_eq!(losses(&a), losses(&c));
     // generate reads an HF folder; temperature 0 is greedy (the same text twice).
-    let g = |seed: &str| assert_ok(&titan(&["generate", "--checkpoint", &p(&fp32), "--prompt", "KING", "--temperature", "0", "--max-new-tokens", "8", "--seed", seed]));
+    let g = |seed: &str| {
+        assert_ok(&titan(&[
+            "generate",
+            "--checkpoint",
+            &p(&fp32),
+            "--prompt",
+            "KING",
+            "--temperature",
+            "0",
+            "--max-new-tokens",
+            "8",
+            "--seed",
+            seed,
+        ]))
+    };
     assert_eq!(g("1"), g("2"));
 }

@@ -66,7 +66,12 @@ pub fn list_corpus_files(path: &Path) -> Result<Vec<PathBuf>> {
             bail!("dataset glob {} matches no file", path.display());
         }
         if let Some(bad) = out.iter().find(|p| format_of(p).is_none()) {
-            bail!("dataset glob {} matches {}, which is not a corpus format ({})", path.display(), bad.display(), accepted_extensions());
+            bail!(
+                "dataset glob {} matches {}, which is not a corpus format ({})",
+                path.display(),
+                bad.display(),
+                accepted_extensions()
+            );
         }
         return Ok(out);
     }
@@ -98,7 +103,10 @@ fn cache_key(files: &[PathBuf], tokenizer: &Tokenizer, o: &CorpusOptions) -> Res
     h.write(&std::fs::read(tokenizer.path()).with_context(|| format!("reading {}", tokenizer.path().display()))?);
     // The options as they were spelled when the token dtype was a string (cached corpora keep
     // their keys).
-    h.write(format!("CorpusOptions {{ text_column: {:?}, token_dtype: {:?} }}", o.text_column, o.token_dtype.as_str()).as_bytes());
+    h.write(
+        format!("CorpusOptions {{ text_column: {:?}, token_dtype: {:?} }}", o.text_column, o.token_dtype.as_str())
+            .as_bytes(),
+    );
     let mut buf = vec![0u8; 1 << 20];
     for f in files {
         h.write(f.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default());
@@ -154,7 +162,12 @@ pub fn tokenize_corpus(path: &Path, tokenizer: &Tokenizer, cache_dir: &Path) -> 
 }
 
 /// [`tokenize_corpus`] with reading options.
-pub fn tokenize_corpus_with(path: &Path, tokenizer: &Tokenizer, cache_dir: &Path, o: &CorpusOptions) -> Result<TokenFile> {
+pub fn tokenize_corpus_with(
+    path: &Path,
+    tokenizer: &Tokenizer,
+    cache_dir: &Path,
+    o: &CorpusOptions,
+) -> Result<TokenFile> {
     Ok(tokenize_or_reuse(path, tokenizer, cache_dir, o)?.0)
 }
 
@@ -178,7 +191,12 @@ fn reuse(cached: &Path) -> Option<TokenFile> {
 /// The corpus's token file, and whether this call tokenized it (rather than reusing the cache).
 /// Callers that need the same cache entry at once — the ranks of a job, threads or processes on
 /// one host — take turns on a lock file beside it: the first tokenizes, the others then reuse.
-fn tokenize_or_reuse(path: &Path, tokenizer: &Tokenizer, cache_dir: &Path, o: &CorpusOptions) -> Result<(TokenFile, bool)> {
+fn tokenize_or_reuse(
+    path: &Path,
+    tokenizer: &Tokenizer,
+    cache_dir: &Path,
+    o: &CorpusOptions,
+) -> Result<(TokenFile, bool)> {
     let files = list_corpus_files(path)?;
     let key = cache_key(&files, tokenizer, o)?;
     let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("corpus").replace(['*', '?'], "_");
@@ -196,7 +214,9 @@ fn tokenize_or_reuse(path: &Path, tokenizer: &Tokenizer, cache_dir: &Path, o: &C
     }
     let total: u64 = files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
     let bar = indicatif::ProgressBar::new(total);
-    if let Ok(style) = indicatif::ProgressStyle::with_template("tokenizing [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {msg}") {
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("tokenizing [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {msg}")
+    {
         bar.set_style(style);
     }
     let counter = Arc::new(AtomicU64::new(0));
@@ -248,7 +268,10 @@ mod tests {
         let all = list_corpus_files(dir.path()).unwrap();
         assert_eq!(all.len(), 3);
         let g = list_corpus_files(&dir.path().join("*.jsonl*")).unwrap();
-        assert_eq!(g.iter().map(|p| p.file_name().unwrap().to_str().unwrap()).collect::<Vec<_>>(), vec!["a.jsonl", "b.jsonl.gz"]);
+        assert_eq!(
+            g.iter().map(|p| p.file_name().unwrap().to_str().unwrap()).collect::<Vec<_>>(),
+            vec!["a.jsonl", "b.jsonl.gz"]
+        );
         let e = list_corpus_files(&dir.path().join("*.parquet")).unwrap_err().to_string();
         assert!(e.contains("matches no file"), "{e}");
         let e = list_corpus_files(&dir.path().join("*")).unwrap_err().to_string();
@@ -272,7 +295,9 @@ mod tests {
         let corpus = dir.path().join("c.jsonl");
         let body: String = (0..2000).map(|i| format!("{{\"text\": \"document {i} about {}\"}}\n", i * 7)).collect();
         std::fs::write(&corpus, body).unwrap();
-        let tok = Tokenizer::from_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/tokenizer/tokenizer.json")).unwrap();
+        let tok =
+            Tokenizer::from_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/tokenizer/tokenizer.json"))
+                .unwrap();
         let cache = dir.path().join("cache");
         let results: Vec<(Vec<i64>, bool)> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..4)

@@ -178,7 +178,8 @@ pub fn for_each_piece(
                     each(piece, false)?;
                 }
                 if n == 0 {
-                    let piece = String::from_utf8(buf).with_context(|| format!("{} is not UTF-8 text", path.display()))?;
+                    let piece =
+                        String::from_utf8(buf).with_context(|| format!("{} is not UTF-8 text", path.display()))?;
                     return each(piece, true);
                 }
             }
@@ -187,7 +188,9 @@ pub fn for_each_piece(
             let reader: Box<dyn Read> = match c {
                 Compression::None => Box::new(file),
                 Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(file)),
-                Compression::Zstd => Box::new(zstd::Decoder::new(file).with_context(|| format!("{}: not zstd data", path.display()))?),
+                Compression::Zstd => {
+                    Box::new(zstd::Decoder::new(file).with_context(|| format!("{}: not zstd data", path.display()))?)
+                }
             };
             let what = match c {
                 Compression::None => "",
@@ -208,7 +211,10 @@ pub fn for_each_piece(
                     serde_json::from_str(&line).with_context(|| format!("{}:{n}: not valid JSON", path.display()))?;
                 match v.get(text_field).and_then(|t| t.as_str()) {
                     Some(t) => pieces_of(t, each)?,
-                    None => bail!("{}:{n}: no string field {text_field:?} (set `training.dataset_text_column`)", path.display()),
+                    None => bail!(
+                        "{}:{n}: no string field {text_field:?} (set `training.dataset_text_column`)",
+                        path.display()
+                    ),
                 }
             }
             unreachable!()
@@ -238,7 +244,8 @@ fn for_each_parquet_document(
         bail!("{}: no column {text_field:?} (columns: {cols:?}); set `training.dataset_text_column`", path.display());
     };
     let mask = ProjectionMask::roots(b.parquet_schema(), [i]);
-    let reader = b.with_projection(mask).with_batch_size(1024).build().with_context(|| format!("reading {}", path.display()))?;
+    let reader =
+        b.with_projection(mask).with_batch_size(1024).build().with_context(|| format!("reading {}", path.display()))?;
     let mut row = 0usize;
     for batch in reader {
         let batch = batch.with_context(|| format!("{}: corrupt Parquet data after row {row}", path.display()))?;
@@ -274,7 +281,10 @@ pub fn for_each_token_block(
     let width = dtype.width();
     let len = std::fs::metadata(path).with_context(|| format!("cannot read corpus file {}", path.display()))?.len();
     if len % width as u64 != 0 {
-        bail!("{}: {len} bytes is not a whole number of {dtype} ids (is `training.dataset_token_dtype` right?)", path.display());
+        bail!(
+            "{}: {len} bytes is not a whole number of {dtype} ids (is `training.dataset_token_dtype` right?)",
+            path.display()
+        );
     }
     let mut r = BufReader::with_capacity(1 << 20, open(path, counter)?);
     let mut block = vec![0u8; width << 18];
@@ -294,9 +304,17 @@ pub fn for_each_token_block(
         }
         ids.clear();
         for c in block[..filled].chunks_exact(width) {
-            let id = if width == 2 { u16::from_le_bytes([c[0], c[1]]) as u32 } else { u32::from_le_bytes(c.try_into().unwrap()) };
+            let id = if width == 2 {
+                u16::from_le_bytes([c[0], c[1]]) as u32
+            } else {
+                u32::from_le_bytes(c.try_into().unwrap())
+            };
             if id as usize >= vocab {
-                bail!("{}: token id {id} at position {} is not below the vocabulary size {vocab}", path.display(), pos + ids.len() as u64);
+                bail!(
+                    "{}: token id {id} at position {} is not below the vocabulary size {vocab}",
+                    path.display(),
+                    pos + ids.len() as u64
+                );
             }
             ids.push(id);
         }
@@ -331,7 +349,10 @@ mod tests {
         assert!(got.len() >= 3, "{} pieces", got.len());
         assert!(got.iter().all(|(s, _)| s.len() <= LONG + (1 << 20)), "a piece is unbounded");
         assert_eq!(got.iter().map(|x| x.0.as_str()).collect::<String>(), doc);
-        let tok = crate::Tokenizer::from_file(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/tokenizer/tokenizer.json")).unwrap();
+        let tok = crate::Tokenizer::from_file(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../assets/tokenizer/tokenizer.json"),
+        )
+        .unwrap();
         let pieces: Vec<u32> = got.iter().flat_map(|(s, _)| tok.encode(s).unwrap()).collect();
         assert_eq!(pieces, tok.encode(&doc).unwrap(), "pieces tokenize differently from the whole");
         let q = d.path().join("blob.txt");

@@ -9,8 +9,8 @@ pub mod mixture;
 pub mod token_file;
 pub mod tokenizer;
 
-pub use formats::TokenDtype;
 pub use corpus::{list_corpus_files, tokenize_corpus, tokenize_corpus_with, CorpusOptions};
+pub use formats::TokenDtype;
 pub use loader::{Batch, DataLoader, LoaderConfig, LoaderState, ValidationBatches};
 pub use token_file::{unigram_entropy, TokenFile};
 pub use tokenizer::{train_bpe, Tokenizer};

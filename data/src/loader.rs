@@ -168,7 +168,8 @@ impl DataLoader {
         let mut out = Vec::with_capacity(c.accumulation_steps());
         for m in 0..c.accumulation_steps() {
             let first = base + (m * c.dp_degree * c.local_batch_size + c.dp_rank * c.local_batch_size) as u64;
-            let picks: Vec<(usize, usize)> = (0..c.local_batch_size as u64).map(|i| self.window_of(first + i)).collect();
+            let picks: Vec<(usize, usize)> =
+                (0..c.local_batch_size as u64).map(|i| self.window_of(first + i)).collect();
             let windows: Vec<(&TokenFile, usize)> = picks.iter().map(|&(s, w)| (&*self.sources[s].tokens, w)).collect();
             out.push(Batch::from_sources(&windows, c.seq_len));
         }

@@ -70,7 +70,8 @@ impl Mixture {
         }
         let (b, r) = (g / self.period as u64, (g % self.period as u64) as usize);
         if self.block.as_ref().map(|x| x.0) != Some(b) {
-            let mut deal: Vec<u32> = self.counts.iter().enumerate().flat_map(|(s, &c)| std::iter::repeat_n(s as u32, c)).collect();
+            let mut deal: Vec<u32> =
+                self.counts.iter().enumerate().flat_map(|(s, &c)| std::iter::repeat_n(s as u32, c)).collect();
             deal.shuffle(&mut ChaCha8Rng::seed_from_u64(self.seed.wrapping_mul(0xD1B5_4A32_D192_ED03) ^ b));
             let mut seen = vec![0u32; self.counts.len()];
             let ranked = deal
@@ -116,7 +117,10 @@ mod tests {
         let mut again = Mixture::new(&[3.0, 1.0, 0.5], 7).unwrap();
         assert_eq!(again.locate(2500), m.locate(2500));
         assert_eq!(again.locate(10), m.locate(10));
-        assert_ne!((0..50).map(|g| Mixture::new(&[1.0, 1.0], 1).unwrap().locate(g).0).collect::<Vec<_>>(), (0..50).map(|g| Mixture::new(&[1.0, 1.0], 2).unwrap().locate(g).0).collect::<Vec<_>>());
+        assert_ne!(
+            (0..50).map(|g| Mixture::new(&[1.0, 1.0], 1).unwrap().locate(g).0).collect::<Vec<_>>(),
+            (0..50).map(|g| Mixture::new(&[1.0, 1.0], 2).unwrap().locate(g).0).collect::<Vec<_>>()
+        );
     }
 
     #[test]

@@ -342,7 +342,17 @@ mod tests {
         assert_eq!(m.group(Axis::DpReplicate, 5), vec![1, 5]);
         assert_eq!(m.group(Axis::Dp, 5), vec![1, 3, 5, 7]);
         assert_eq!(m.group(Axis::Pp, 5), vec![5, 13]);
-        for axis in [Axis::Pp, Axis::DpReplicate, Axis::DpShard, Axis::Cp, Axis::Fsdp, Axis::Tp, Axis::Dp, Axis::Ep, Axis::Efsdp] {
+        for axis in [
+            Axis::Pp,
+            Axis::DpReplicate,
+            Axis::DpShard,
+            Axis::Cp,
+            Axis::Fsdp,
+            Axis::Tp,
+            Axis::Dp,
+            Axis::Ep,
+            Axis::Efsdp,
+        ] {
             let mut seen = vec![0; 16];
             for r in 0..16 {
                 let g = m.group(axis, r);

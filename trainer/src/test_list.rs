@@ -19,7 +19,9 @@ fn listed_and_present() -> (BTreeSet<String>, BTreeSet<String>) {
         .collect();
     let helpers: BTreeSet<String> = sources
         .iter()
-        .flat_map(|(_, text)| text.lines().filter_map(|l| l.trim().strip_prefix("mod ")?.strip_suffix(';').map(|m| format!("{m}.rs"))))
+        .flat_map(|(_, text)| {
+            text.lines().filter_map(|l| l.trim().strip_prefix("mod ")?.strip_suffix(';').map(|m| format!("{m}.rs")))
+        })
         .collect();
     let present = sources.into_iter().map(|(name, _)| name).filter(|n| !helpers.contains(n)).collect();
     let manifest: toml::Table = std::fs::read_to_string(root.join("Cargo.toml")).unwrap().parse().unwrap();
@@ -29,7 +31,8 @@ fn listed_and_present() -> (BTreeSet<String>, BTreeSet<String>) {
         .iter()
         .map(|t| {
             let path = t["path"].as_str().expect("a [[test]] path");
-            let file = path.strip_prefix("../tests/").unwrap_or_else(|| panic!("[[test]] path {path} is outside tests/"));
+            let file =
+                path.strip_prefix("../tests/").unwrap_or_else(|| panic!("[[test]] path {path} is outside tests/"));
             assert_eq!(t["name"].as_str(), file.strip_suffix(".rs"), "[[test]] name and file differ for {path}");
             file.to_string()
         })

@@ -66,8 +66,8 @@ impl ShardedReader {
     pub fn open(dir: &Path) -> Result<Self> {
         let p = dir.join(METADATA);
         let text = fs::read_to_string(&p).with_context(|| format!("{} is missing", p.display()))?;
-        let meta: Metadata =
-            serde_json::from_str(&text).with_context(|| format!("{} is corrupt (not titan-rs metadata)", p.display()))?;
+        let meta: Metadata = serde_json::from_str(&text)
+            .with_context(|| format!("{} is corrupt (not titan-rs metadata)", p.display()))?;
         if meta.format != FORMAT {
             bail!("{}: format {:?}, this titan-rs reads {FORMAT:?}", p.display(), meta.format);
         }
@@ -95,7 +95,11 @@ impl ShardedReader {
         let path = self.dir.join(&chunk.file);
         let (start, end) = (chunk.byte_offset as usize, (chunk.byte_offset + chunk.byte_len) as usize);
         if end > map.len() || chunk.byte_len as usize != chunk.region.numel() * 4 {
-            bail!("checkpoint file {} is truncated: {key} needs bytes {start}..{end}, the file has {}", path.display(), map.len());
+            bail!(
+                "checkpoint file {} is truncated: {key} needs bytes {start}..{end}, the file has {}",
+                path.display(),
+                map.len()
+            );
         }
         let bytes = &map[start..end];
         let id = (chunk.file.clone(), chunk.byte_offset);
@@ -136,7 +140,11 @@ impl TensorSource for ShardedReader {
             release(&map, c.byte_offset as usize, c.byte_len as usize);
         }
         if filled != region.numel() {
-            bail!("{}: the chunks of {key} cover {filled} of the {} elements asked for ({METADATA} is damaged)", self.describe(), region.numel());
+            bail!(
+                "{}: the chunks of {key} cover {filled} of the {} elements asked for ({METADATA} is damaged)",
+                self.describe(),
+                region.numel()
+            );
         }
         Ok(out)
     }
@@ -165,7 +173,10 @@ impl FileReader {
                 safetensors::Dtype::F32 => Elem::F32,
                 safetensors::Dtype::BF16 => Elem::BF16,
                 safetensors::Dtype::F16 => Elem::F16,
-                d => bail!("{}: tensor {name} has dtype {d:?}; titan-rs reads float32, bfloat16 and float16", path.display()),
+                d => bail!(
+                    "{}: tensor {name} has dtype {d:?}; titan-rs reads float32, bfloat16 and float16",
+                    path.display()
+                ),
             };
             let (s, e) = (8 + n + info.data_offsets.0, 8 + n + info.data_offsets.1);
             if e > map.len() {
@@ -191,7 +202,8 @@ impl TensorSource for FileReader {
     }
 
     fn read(&self, key: &str, region: &Region) -> Result<Vec<f32>> {
-        let (shape, elem, s, e) = self.tensors.get(key).ok_or_else(|| anyhow!("{} has no tensor {key}", self.describe()))?;
+        let (shape, elem, s, e) =
+            self.tensors.get(key).ok_or_else(|| anyhow!("{} has no tensor {key}", self.describe()))?;
         let mut out = vec![0f32; region.numel()];
         copy_overlap_as(&self.map[*s..*e], *elem, &Region::full(shape), &mut out, region);
         release(&self.map, *s, e - s);
@@ -220,13 +232,18 @@ impl FolderReader {
             let map = v["weight_map"].as_object().ok_or_else(|| anyhow!("{} has no weight_map", index.display()))?;
             let mut opened: BTreeMap<String, usize> = BTreeMap::new();
             for (name, file) in map {
-                let file = file.as_str().ok_or_else(|| anyhow!("{}: the file of {name} is not a string", index.display()))?;
+                let file =
+                    file.as_str().ok_or_else(|| anyhow!("{}: the file of {name} is not a string", index.display()))?;
                 let i = match opened.get(file) {
                     Some(i) => *i,
                     None => {
                         let p = dir.join(file);
                         if !p.exists() {
-                            bail!("{} names {file} (holding {name}), which is missing from {}", index.display(), dir.display());
+                            bail!(
+                                "{} names {file} (holding {name}), which is missing from {}",
+                                index.display(),
+                                dir.display()
+                            );
                         }
                         files.push(FileReader::open(&p)?);
                         opened.insert(file.to_string(), files.len() - 1);

@@ -65,7 +65,11 @@ pub fn inspect(dir: &Path) -> Result<String> {
         let r = ShardedReader::open(dir)?;
         let chunks = r.verify()?;
         let m = &r.meta;
-        writeln!(s, "format {} (sharded), step {}, saved by {} rank(s) under {}", m.format, m.step, m.world_size, m.saved_under)?;
+        writeln!(
+            s,
+            "format {} (sharded), step {}, saved by {} rank(s) under {}",
+            m.format, m.step, m.world_size, m.saved_under
+        )?;
         writeln!(s, "verified: {chunks} chunk(s), every CRC32 matches {METADATA}")?;
         if m.model_only {
             writeln!(s, "model only (no optimizer state)")?;
@@ -79,7 +83,11 @@ pub fn inspect(dir: &Path) -> Result<String> {
         for (k, t) in &m.tensors {
             writeln!(s, "  {k}  {:?} {}  {} chunk(s)", t.shape, t.dtype, t.chunks.len())?;
             for c in &t.chunks {
-                writeln!(s, "    {} @ {}+{}  offsets {:?} lengths {:?}", c.file, c.byte_offset, c.byte_len, c.region.offsets, c.region.lengths)?;
+                writeln!(
+                    s,
+                    "    {} @ {}+{}  offsets {:?} lengths {:?}",
+                    c.file, c.byte_offset, c.byte_len, c.region.offsets, c.region.lengths
+                )?;
             }
         }
     } else {
@@ -121,7 +129,12 @@ impl View for View1<'_, '_> {
         match (self.t.bytes)() {
             Ok(v) if v.len() == self.data_len() => Cow::Owned(v),
             Ok(v) => {
-                self.error.borrow_mut().get_or_insert(anyhow::anyhow!("{}: {} bytes produced, {} expected", self.t.name, v.len(), self.data_len()));
+                self.error.borrow_mut().get_or_insert(anyhow::anyhow!(
+                    "{}: {} bytes produced, {} expected",
+                    self.t.name,
+                    v.len(),
+                    self.data_len()
+                ));
                 Cow::Owned(vec![0; self.data_len()])
             }
             Err(e) => {
@@ -138,10 +151,15 @@ impl View for View1<'_, '_> {
 /// Writes `tensors` into the safetensors file `path`, producing each one's bytes only when it is
 /// written (one tensor in memory at a time), then flushes it to disk. On any error the file is
 /// removed.
-pub fn stream_safetensors(path: &Path, tensors: &[LazyTensor<'_>], metadata: Option<std::collections::HashMap<String, String>>) -> Result<u64> {
+pub fn stream_safetensors(
+    path: &Path,
+    tensors: &[LazyTensor<'_>],
+    metadata: Option<std::collections::HashMap<String, String>>,
+) -> Result<u64> {
     let error = RefCell::new(None);
     let views: Vec<_> = tensors.iter().map(|t| (t.name.clone(), View1 { t, error: &error })).collect();
-    let written = safetensors::serialize_to_file(views, &metadata, path).with_context(|| format!("writing {}", path.display()));
+    let written =
+        safetensors::serialize_to_file(views, &metadata, path).with_context(|| format!("writing {}", path.display()));
     if let Some(e) = error.into_inner() {
         let _ = fs::remove_file(path);
         return Err(e);
@@ -204,9 +222,17 @@ pub fn write_source(
     let f = fs::File::open(&path)?;
     // SAFETY: the file was just written here and nothing else writes it.
     let map = unsafe { memmap2::Mmap::map(&f) }?;
-    let (n, header) = safetensors::SafeTensors::read_metadata(&map).map_err(|e| anyhow::anyhow!("reading back {}: {e:?}", path.display()))?;
+    let (n, header) = safetensors::SafeTensors::read_metadata(&map)
+        .map_err(|e| anyhow::anyhow!("reading back {}: {e:?}", path.display()))?;
     let crcs = crcs.into_inner();
-    let mut meta = Metadata { format: FORMAT.into(), step, saved_under: saved_under.into(), world_size: 1, model_only, tensors: BTreeMap::new() };
+    let mut meta = Metadata {
+        format: FORMAT.into(),
+        step,
+        saved_under: saved_under.into(),
+        world_size: 1,
+        model_only,
+        tensors: BTreeMap::new(),
+    };
     for (key, shape) in shapes {
         let info = header.info(&key).expect("a written tensor");
         let chunk = Chunk {

@@ -212,7 +212,8 @@ impl Checkpointer {
     pub fn wait(&mut self, rank: &RankContext) -> Result<Option<PathBuf>> {
         let Some(p) = self.pending.take() else { return Ok(None) };
         let start = Instant::now();
-        let written = p.writer.join().map_err(|_| anyhow!("the writer thread of checkpoint step-{} panicked", p.step))?;
+        let written =
+            p.writer.join().map_err(|_| anyhow!("the writer thread of checkpoint step-{} panicked", p.step))?;
         let dir = finish(&self.folder, &world(rank), written, self.keep_latest_k);
         self.blocked += start.elapsed().as_secs_f64();
         dir.map(Some)

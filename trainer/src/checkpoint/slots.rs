@@ -4,9 +4,9 @@
 //! pieces to save and read the regions to load, whatever layout wrote the checkpoint.
 
 use crate::rank::parallelize::Placement;
+use crate::rank::params;
 use crate::rank::pipeline::RankLayout;
 use crate::rank::{RankContext, RankModel};
-use crate::rank::params;
 use anyhow::{anyhow, bail, Result};
 use titan_checkpoints::{HostTensor, Piece, Region, TensorMap, TensorSource};
 
@@ -107,8 +107,8 @@ fn read_slot(src: &dyn TensorSource, key: &str, s: &Slot) -> Result<Option<HostT
 pub fn read_model(src: &dyn TensorSource, slots: &[Slot], mine: &dyn Fn(&str) -> bool) -> Result<TensorMap> {
     let mut out = TensorMap::new();
     for s in slots {
-        let t = read_slot(src, &s.key, s)?
-            .ok_or_else(|| anyhow!("{}: parameter {} is missing", src.describe(), s.key))?;
+        let t =
+            read_slot(src, &s.key, s)?.ok_or_else(|| anyhow!("{}: parameter {} is missing", src.describe(), s.key))?;
         out.insert(s.local.clone(), t);
     }
     let known: std::collections::HashSet<&str> = slots.iter().map(|s| s.key.as_str()).collect();

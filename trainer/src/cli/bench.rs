@@ -107,7 +107,12 @@ pub(crate) fn run(kind: BenchKind) -> Result<()> {
                 let r = bench_train::bench(cfg.clone(), warmup, steps)?;
                 b.ours.push(r.tokens_per_s);
                 b.theirs.push(bench_train::run_baseline(&cmd)?);
-                eprintln!("round {round}: titan-rs {:.0} tokens/s, {} {:.0} tokens/s", r.tokens_per_s, b.name, b.theirs[round - 1]);
+                eprintln!(
+                    "round {round}: titan-rs {:.0} tokens/s, {} {:.0} tokens/s",
+                    r.tokens_per_s,
+                    b.name,
+                    b.theirs[round - 1]
+                );
                 last = Some(r);
             }
             bench_train::print_table(&label, &last.expect("at least one round"), Some(&b));

@@ -6,8 +6,8 @@ mod bench;
 
 use anyhow::{Context, Result};
 use args::{CheckpointCommand, Cli, Command, ConvertCommand, TokenizerCommand, TraceCommand};
-use titan_rs::config::{to_toml, JobConfig};
 use titan_rs::commands::generate;
+use titan_rs::config::{to_toml, JobConfig};
 use titan_rs::train::{self, elastic};
 
 pub(crate) fn set_threads(cfg: &JobConfig) -> Result<()> {
@@ -40,7 +40,10 @@ pub(crate) fn run(cli: Cli) -> Result<()> {
             }
             if max_restarts > 0 || !launcher.is_empty() {
                 let overrides = elastic::strip_flags(&a.overrides, &["max-restarts", "launcher"]);
-                return elastic::supervise(&cfg, &elastic::Restarts { max_restarts, launcher, config: a.config.clone(), overrides });
+                return elastic::supervise(
+                    &cfg,
+                    &elastic::Restarts { max_restarts, launcher, config: a.config.clone(), overrides },
+                );
             }
             set_threads(&cfg)?;
             let s = train::run(cfg, log_rank, nproc)?;
@@ -56,14 +59,20 @@ pub(crate) fn run(cli: Cli) -> Result<()> {
             let n = titan_data::train_bpe(&input, vocab_size, &out)?;
             println!("wrote {} ({n} tokens)", out.display());
         }
-        Command::Tokenizer { command: TokenizerCommand::Encode { input, tokenizer, cache_dir, text_column, token_dtype } } => {
+        Command::Tokenizer {
+            command: TokenizerCommand::Encode { input, tokenizer, cache_dir, text_column, token_dtype },
+        } => {
             let path = tokenizer.unwrap_or_else(|| titan_rs::config::Model::default().tokenizer_file());
             let tok = titan_data::Tokenizer::from_file(&path)?;
             let start = std::time::Instant::now();
             let o = titan_data::CorpusOptions { text_column, token_dtype };
             let f = titan_data::tokenize_corpus_with(&input, &tok, &cache_dir, &o)?;
             let secs = start.elapsed().as_secs_f64();
-            let bytes: u64 = titan_data::list_corpus_files(&input)?.iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
+            let bytes: u64 = titan_data::list_corpus_files(&input)?
+                .iter()
+                .filter_map(|p| std::fs::metadata(p).ok())
+                .map(|m| m.len())
+                .sum();
             let peak = titan_rs::memory::proc_bytes("/proc/self/status", "VmHWM").unwrap_or(0);
             println!(
                 "{}: {} tokens from {:.1} MB in {secs:.2} s: {:.2} MB/s, {:.0} tokens/s; peak memory {:.1} MiB",
@@ -87,7 +96,14 @@ pub(crate) fn run(cli: Cli) -> Result<()> {
             for a in &adapters {
                 println!(
                     "| {} | {} | {} | {} | {} {} | {} | {} | {} |",
-                    a.name, a.kind, a.index, a.backend, a.driver, a.driver_info, a.float16, a.bfloat16,
+                    a.name,
+                    a.kind,
+                    a.index,
+                    a.backend,
+                    a.driver,
+                    a.driver_info,
+                    a.float16,
+                    a.bfloat16,
                     if a.chosen { "yes" } else { "" }
                 );
             }
@@ -95,7 +111,8 @@ pub(crate) fn run(cli: Cli) -> Result<()> {
                 println!("no wgpu adapter (a build without `--features wgpu`, or no Vulkan/GPU driver)");
             }
             if let Some(p) = json {
-                std::fs::write(&p, serde_json::to_string_pretty(&adapters)?).with_context(|| format!("writing {}", p.display()))?;
+                std::fs::write(&p, serde_json::to_string_pretty(&adapters)?)
+                    .with_context(|| format!("writing {}", p.display()))?;
             }
         }
         Command::Convert { command: ConvertCommand::FromHf { hf_dir, out } } => {
@@ -103,7 +120,11 @@ pub(crate) fn run(cli: Cli) -> Result<()> {
             println!("wrote {} ({n} tensors)", dir.display());
         }
         Command::Convert { command: ConvertCommand::ToHf { checkpoint, out, dtype, max_shard_mb } } => {
-            let o = titan_rs::hf::export::ExportOptions { dtype, max_shard_bytes: max_shard_mb * 1_000_000, ..Default::default() };
+            let o = titan_rs::hf::export::ExportOptions {
+                dtype,
+                max_shard_bytes: max_shard_mb * 1_000_000,
+                ..Default::default()
+            };
             let (n, bytes) = titan_rs::commands::convert::to_hf(&checkpoint, &out, &o)?;
             println!("wrote {} ({n} tensors, {bytes} bytes of weights)", out.display());
         }

@@ -1,9 +1,9 @@
 //! `titan-rs convert from-hf` and `convert to-hf`: offline conversion between a Hugging Face
 //! `LlamaForCausalLM` folder and a titan-rs checkpoint, one tensor in memory at a time.
 
+use crate::config::{to_toml, JobConfig};
 use crate::hf::export::{export, ExportOptions};
 use crate::hf::HfSource;
-use crate::config::{to_toml, JobConfig};
 use anyhow::{anyhow, Context, Result};
 use std::path::{Path, PathBuf};
 use titan_checkpoints::sharded::tools::{open_verified, write_source};
@@ -38,11 +38,17 @@ pub fn from_hf(hf_dir: &Path, out: &Path) -> Result<(PathBuf, usize)> {
 /// as an HF folder `out`. Returns tensors and weight bytes.
 pub fn to_hf(ckpt: &Path, out: &Path, o: &ExportOptions) -> Result<(usize, u64)> {
     let reader = crate::checkpoint::open_step(ckpt)?;
-    let cfg = crate::config::load_config(Some(&reader.path("config.toml")), &[]).context("the checkpoint's config.toml")?;
+    let cfg =
+        crate::config::load_config(Some(&reader.path("config.toml")), &[]).context("the checkpoint's config.toml")?;
     let args = cfg.model_args().map_err(|e| anyhow!(e))?;
     let sources = open_verified(reader.dir())?;
     let tokenizer = o.tokenizer.clone().or_else(|| Some(cfg.model.tokenizer_file()).filter(|p| p.exists()));
     let max_position_embeddings = crate::hf::export::max_positions(&cfg);
     let shown = crate::hf::WithProgress::new(sources[0].as_ref(), "to-hf");
-    export(&shown, &args, out, &ExportOptions { tokenizer, max_position_embeddings, dtype: o.dtype, max_shard_bytes: o.max_shard_bytes })
+    export(
+        &shown,
+        &args,
+        out,
+        &ExportOptions { tokenizer, max_position_embeddings, dtype: o.dtype, max_shard_bytes: o.max_shard_bytes },
+    )
 }

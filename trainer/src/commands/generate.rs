@@ -48,7 +48,10 @@ pub fn generate(checkpoint: &Path, o: &GenerateOptions) -> Result<String> {
         }
         let args = cfg.model_args().map_err(|e| anyhow!(e))?;
         let src = crate::hf::HfSource::open(checkpoint)?;
-        (load_whole(build_model(&cfg, &args, 0, &device), &src, &device)?, Tokenizer::from_file(&cfg.model.tokenizer_file())?)
+        (
+            load_whole(build_model(&cfg, &args, 0, &device), &src, &device)?,
+            Tokenizer::from_file(&cfg.model.tokenizer_file())?,
+        )
     } else {
         let reader = crate::checkpoint::open_step(checkpoint)?;
         let cfg = load_config(Some(&reader.path("config.toml")), &[]).context("the checkpoint's config.toml")?;

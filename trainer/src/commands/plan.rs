@@ -19,12 +19,7 @@ pub fn plan(cfg: &JobConfig) -> Result<String> {
     let layout = RankLayout::new(p, &args, local_batch, 0).map_err(|e| anyhow!(e))?;
     let (pp, v, n) = (layout.split.pp, layout.split.virtual_stages, layout.microbatches);
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "mesh: {} rank(s) = {}",
-        dims.world_size,
-        dims.describe()
-    );
+    let _ = writeln!(out, "mesh: {} rank(s) = {}", dims.world_size, dims.describe());
     if dims.cp > 1 {
         let (t, c) = (cfg.training.seq_len, dims.cp);
         let mut one = cfg.clone();
@@ -93,7 +88,8 @@ pub fn plan(cfg: &JobConfig) -> Result<String> {
     );
     for r in 0..pp {
         let m = crate::memory::rank_memory(cfg, &args, &dims, r)?;
-        let _ = writeln!(out, "  pp rank {r}: {:.3} GiB = {}", crate::memory::gib(m.total()), crate::memory::breakdown(&m));
+        let _ =
+            writeln!(out, "  pp rank {r}: {:.3} GiB = {}", crate::memory::gib(m.total()), crate::memory::breakdown(&m));
     }
     let (host, _) = crate::memory::host_bytes(cfg, &dims, None)?;
     let _ = writeln!(

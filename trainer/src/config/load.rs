@@ -151,7 +151,11 @@ pub fn parse_overrides(args: &[String]) -> Result<Vec<(String, String)>> {
 
 /// A command-line value as TOML (`3`, `true`, `[1, 2]`), else as the string it is.
 fn scalar(raw: &str) -> Value {
-    format!("v = {raw}").parse::<Table>().ok().and_then(|mut t| t.remove("v")).unwrap_or_else(|| Value::String(raw.into()))
+    format!("v = {raw}")
+        .parse::<Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| Value::String(raw.into()))
 }
 
 /// Turns `(section.key, raw)` overrides into a table shaped like the file, typed by the schema.
@@ -223,7 +227,10 @@ fn typed(merged: &Table, defaults: &Table, path: Option<&Path>, overrides: &[(St
                 (false, Some(path), Some(text)) => Origin::File { path, text },
                 _ => Origin::Cli,
             };
-            bail!("{}", refused(&format!("{section}.{key}"), value, &origin.locate(section, Some(key)), &e.to_string()));
+            bail!(
+                "{}",
+                refused(&format!("{section}.{key}"), value, &origin.locate(section, Some(key)), &e.to_string())
+            );
         }
     }
     Err(anyhow!("config does not match the schema: {first}"))
@@ -233,6 +240,8 @@ fn typed(merged: &Table, defaults: &Table, path: Option<&Path>, overrides: &[(St
 fn refused(key: &str, value: &Value, origin: &str, serde_msg: &str) -> String {
     // serde: "unknown variant `exp`, expected one of `linear`, `sqrt`, `cosine`" (or "expected `llama3`").
     if let Some(expected) = serde_msg.split("unknown variant").nth(1).and_then(|r| r.split("expected").nth(1)) {
+        // The list ends with the line (toml may add the key after it).
+        let expected = expected.lines().next().unwrap_or("").split(" for key").next().unwrap_or("");
         let names: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
         return format!("`{key}` = {value} {origin} is not supported; use one of {names:?}");
     }

@@ -9,8 +9,8 @@ mod validate;
 #[cfg(test)]
 mod tests;
 
-pub use load::{load_config, parse_overrides, to_toml};
 pub use choices::*;
+pub use load::{load_config, parse_overrides, to_toml};
 pub use schema::*;
 
 impl Parallelism {
@@ -41,7 +41,10 @@ impl Parallelism {
 impl Training {
     /// How the corpus files are read.
     pub fn corpus_options(&self) -> titan_data::CorpusOptions {
-        titan_data::CorpusOptions { text_column: self.dataset_text_column.clone(), token_dtype: self.dataset_token_dtype }
+        titan_data::CorpusOptions {
+            text_column: self.dataset_text_column.clone(),
+            token_dtype: self.dataset_token_dtype,
+        }
     }
 }
 
@@ -68,7 +71,11 @@ impl JobConfig {
             return titan_models::hf_config::from_hf_config(&text).map_err(|e| format!("{}: {e}", p.display()));
         }
         let mut args = titan_models::ModelArgs::flavor(&self.model.flavor).ok_or_else(|| {
-            format!("`model.flavor` = {:?} is not a flavor; use one of {:?} or \"hf\"", self.model.flavor, titan_models::FLAVORS)
+            format!(
+                "`model.flavor` = {:?} is not a flavor; use one of {:?} or \"hf\"",
+                self.model.flavor,
+                titan_models::FLAVORS
+            )
         })?;
         if let Some(m) = &mut args.moe {
             if let Some(c) = self.model.moe_load_balance_coeff() {
@@ -80,7 +87,6 @@ impl JobConfig {
         }
         Ok(args)
     }
-
 }
 
 impl ActivationCheckpoint {

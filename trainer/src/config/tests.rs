@@ -88,14 +88,30 @@ fn impossible_values_name_key_and_allowed_values() {
 #[test]
 fn parallel_degrees_other_than_one_are_not_supported_yet() {
     let e = err("[parallelism]\nexpert_parallel_degree = 2\ndata_parallel_shard_degree = 2\n", &[]);
-    assert!(e.contains("`parallelism.expert_parallel_degree` = 2 needs a mixture-of-experts model") && e.contains("moe_debug"), "{e}");
-    let e = err("[model]\nflavor = \"moe_debug\"\n[parallelism]\nexpert_parallel_degree = 3\ndata_parallel_shard_degree = 3\n", &[]);
+    assert!(
+        e.contains("`parallelism.expert_parallel_degree` = 2 needs a mixture-of-experts model")
+            && e.contains("moe_debug"),
+        "{e}"
+    );
+    let e = err(
+        "[model]\nflavor = \"moe_debug\"\n[parallelism]\nexpert_parallel_degree = 3\ndata_parallel_shard_degree = 3\n",
+        &[],
+    );
     assert!(e.contains("expert_parallel_degree` = 3 does not divide the model's 8 experts"), "{e}");
     // Context parallelism: two chunks per rank, and the rotate method.
     let e = err("[training]\nseq_len = 100\n[parallelism]\ncontext_parallel_degree = 4\n", &[]);
-    assert!(e.contains("`training.seq_len` = 100") && e.contains("2 · `parallelism.context_parallel_degree` = 8"), "{e}");
-    let e = err("[training]\nseq_len = 96\n[parallelism]\ncontext_parallel_degree = 2\ntensor_parallel_degree = 5\n", &[]);
-    assert!(e.contains("`parallelism.context_parallel_degree` = 48 must be a multiple of `parallelism.tensor_parallel_degree` = 5"), "{e}");
+    assert!(
+        e.contains("`training.seq_len` = 100") && e.contains("2 · `parallelism.context_parallel_degree` = 8"),
+        "{e}"
+    );
+    let e =
+        err("[training]\nseq_len = 96\n[parallelism]\ncontext_parallel_degree = 2\ntensor_parallel_degree = 5\n", &[]);
+    assert!(
+        e.contains(
+            "`parallelism.context_parallel_degree` = 48 must be a multiple of `parallelism.tensor_parallel_degree` = 5"
+        ),
+        "{e}"
+    );
     let e = err("[parallelism]\ncontext_parallel_rotate_method = \"alltoall\"\n", &[]);
     assert!(e.contains("context_parallel_rotate_method") && e.contains("allgather"), "{e}");
     // Sequence parallelism splits the sequence over the TP ranks.
@@ -161,13 +177,20 @@ fn mesh_degrees_are_checked_against_the_model() {
 fn readme_key_table_matches_the_schema() {
     let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
     let mut rows = std::collections::BTreeMap::new();
-    for line in readme.lines() {
+    let table =
+        readme.split("\n## Configuration").nth(1).expect("a Configuration section").split("\n## ").next().unwrap();
+    for line in table.lines() {
         let cells: Vec<&str> = line.split(" | ").map(|c| c.trim().trim_matches('|').trim()).collect();
-        let Some(key) = cells.first().and_then(|k| k.strip_prefix('`')).and_then(|k| k.strip_suffix('`')) else { continue };
+        let Some(key) = cells.first().and_then(|k| k.strip_prefix('`')).and_then(|k| k.strip_suffix('`')) else {
+            continue;
+        };
         if cells.len() < 3 || !key.contains('.') || key.contains(' ') {
             continue;
         }
-        assert!(rows.insert(key.to_string(), (cells[1].to_string(), cells[2..].join(" | "))).is_none(), "README lists `{key}` twice");
+        assert!(
+            rows.insert(key.to_string(), (cells[1].to_string(), cells[2..].join(" | "))).is_none(),
+            "README lists `{key}` twice"
+        );
     }
     let defaults = match toml::Value::try_from(JobConfig::default()).unwrap() {
         toml::Value::Table(t) => t,
@@ -192,19 +215,28 @@ fn readme_key_table_matches_the_schema() {
             toml::Value::Integer(i) => cell.parse::<i64>().is_ok_and(|c| c == *i),
             toml::Value::Boolean(b) => cell == b.to_string(),
             toml::Value::Array(a) => format!("v = {cell}").parse::<toml::Table>().is_ok_and(|t| {
-                t["v"].as_array().is_some_and(|c| c.len() == a.len() && c.iter().zip(a).all(|(x, y)| x.as_float().or(x.as_integer().map(|i| i as f64)) == y.as_float().or(y.as_integer().map(|i| i as f64)) || x == y))
+                t["v"].as_array().is_some_and(|c| {
+                    c.len() == a.len()
+                        && c.iter().zip(a).all(|(x, y)| {
+                            x.as_float().or(x.as_integer().map(|i| i as f64))
+                                == y.as_float().or(y.as_integer().map(|i| i as f64))
+                                || x == y
+                        })
+                })
             }),
             _ => true,
         };
         assert!(same, "README: `{key}` default `{cell}`, the schema's is {default}");
         // An enumerated key: every value the loader accepts is named in the meaning.
         if let toml::Value::String(_) = default {
-            let (section, k) = key.split_once('.').unwrap();
             let o = [(key.clone(), "no-such-value".to_string())];
             let e = load_config(None, &o).err().map(|e| format!("{e:#}")).unwrap_or_default();
             if let Some(list) = e.split("use one of ").nth(1).filter(|_| e.contains("is not supported")) {
                 for value in list.trim_matches(|c| c == '[' || c == ']').split(", ").map(|v| v.trim_matches('"')) {
-                    assert!(meaning.contains(&format!("`{value}`")), "README: `{key}` does not name the value `{value}`: {meaning}");
+                    assert!(
+                        meaning.contains(&format!("`{value}`")),
+                        "README: `{key}` does not name the value `{value}`: {meaning}"
+                    );
                 }
             }
         }

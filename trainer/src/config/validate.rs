@@ -22,7 +22,10 @@ pub fn validate(c: &JobConfig) -> Result<()> {
     if c.model.flavor != "hf" {
         one_of(&mut e, "model.flavor", &c.model.flavor, FLAVORS);
     }
-    for (key, v) in [("model.moe_load_balance_coeff", c.model.moe_load_balance_coeff), ("model.moe_aux_loss_alpha", c.model.moe_aux_loss_alpha)] {
+    for (key, v) in [
+        ("model.moe_load_balance_coeff", c.model.moe_load_balance_coeff),
+        ("model.moe_aux_loss_alpha", c.model.moe_aux_loss_alpha),
+    ] {
         if !(v >= 0.0 || v == -1.0) || !v.is_finite() {
             e.push(format!("`{key}` = {v} must be >= 0 (or -1 for the flavor's value)"));
         }
@@ -79,23 +82,7 @@ pub fn validate(c: &JobConfig) -> Result<()> {
         ));
     }
     let p = &c.parallelism;
-    let (tp, cp) = (p.tensor_parallel_degree.max(1), p.context_parallel_degree.max(1));
-    if cp > 1 && t.seq_len % (2 * cp) != 0 {
-        e.push(format!(
-            "`training.seq_len` = {} must be a multiple of 2 · `parallelism.context_parallel_degree` = {} (each context-parallel rank holds two of 2·cp equal chunks); change either",
-            t.seq_len,
-            2 * cp
-        ));
-    } else if tp > 1 && p.enable_sequence_parallel && (t.seq_len / cp) % tp != 0 {
-        let what = if cp > 1 {
-            format!("`training.seq_len` / `parallelism.context_parallel_degree` = {}", t.seq_len / cp)
-        } else {
-            format!("`training.seq_len` = {}", t.seq_len)
-        };
-        e.push(format!(
-            "{what} must be a multiple of `parallelism.tensor_parallel_degree` = {tp} with sequence parallelism (each rank holds seq_len / cp / tp positions); change them or set `parallelism.enable_sequence_parallel` = false"
-        ));
-    }
+    let cp = p.context_parallel_degree.max(1);
     if cp > 1 && t.device.is_gpu() {
         e.push(format!(
             "`parallelism.context_parallel_degree` = {cp} runs on the CPU device (its ring attention uses the CPU communicators); set `training.device` = \"cpu\" or the degree to 1"

@@ -27,7 +27,12 @@ pub struct ExportOptions {
 
 impl Default for ExportOptions {
     fn default() -> Self {
-        Self { dtype: ExportDtype::Float32, max_shard_bytes: 5_000_000_000, tokenizer: None, max_position_embeddings: 8192 }
+        Self {
+            dtype: ExportDtype::Float32,
+            max_shard_bytes: 5_000_000_000,
+            tokenizer: None,
+            max_position_embeddings: 8192,
+        }
     }
 }
 
@@ -53,7 +58,8 @@ pub fn export(src: &dyn TensorSource, args: &ModelArgs, out: &Path, o: &ExportOp
     }
     let mut tensors = Vec::new();
     for (key, shape) in src.shapes().into_iter().filter(|(k, _)| !k.starts_with("exp_avg")) {
-        let (name, t) = to_hf(&key).ok_or_else(|| anyhow!("{}: tensor {key} has no Hugging Face name", src.describe()))?;
+        let (name, t) =
+            to_hf(&key).ok_or_else(|| anyhow!("{}: tensor {key} has no Hugging Face name", src.describe()))?;
         let hf_shape: Vec<usize> = if t { shape.iter().rev().copied().collect() } else { shape.clone() };
         let full = Region::full(&shape);
         let bytes = Box::new(move || {
@@ -83,7 +89,8 @@ pub fn export(src: &dyn TensorSource, args: &ModelArgs, out: &Path, o: &ExportOp
     let n = shards.len();
     let (mut weight_map, mut total, mut count) = (BTreeMap::new(), 0u64, 0usize);
     for (i, shard) in shards.iter().enumerate() {
-        let file = if n == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{n:05}.safetensors", i + 1) };
+        let file =
+            if n == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{n:05}.safetensors", i + 1) };
         let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
         stream_safetensors(&tmp.join(&file), shard, Some(meta))?;
         for t in shard {

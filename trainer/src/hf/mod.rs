@@ -183,11 +183,21 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for key in ["tok_embeddings.weight", "layers.3.attention.wk.weight", "layers.11.feed_forward.w2.weight", "layers.0.ffn_norm.weight", "norm.weight", "output.weight"] {
+        for key in [
+            "tok_embeddings.weight",
+            "layers.3.attention.wk.weight",
+            "layers.11.feed_forward.w2.weight",
+            "layers.0.ffn_norm.weight",
+            "norm.weight",
+            "output.weight",
+        ] {
             let (hf, t) = to_hf(key).unwrap();
             assert_eq!(from_hf(&hf), Some((key.to_string(), t)));
         }
-        assert_eq!(to_hf("layers.2.feed_forward.w3.weight").unwrap(), ("model.layers.2.mlp.up_proj.weight".into(), true));
+        assert_eq!(
+            to_hf("layers.2.feed_forward.w3.weight").unwrap(),
+            ("model.layers.2.mlp.up_proj.weight".into(), true)
+        );
         assert!(from_hf("model.layers.0.self_attn.rotary_emb.inv_freq").is_none());
         assert_eq!(transpose(&[1., 2., 3., 4., 5., 6.], 2, 3), vec![1., 4., 2., 5., 3., 6.]);
     }

@@ -11,6 +11,24 @@ use anyhow::{bail, Result};
 pub fn check(c: &JobConfig) -> Result<()> {
     let mut e: Vec<String> = Vec::new();
     let (t, p) = (&c.training, &c.parallelism);
+    // The sequence split: CP cuts each sequence in 2·cp chunks, SP over the TP ranks.
+    let (tp, cp) = (p.tensor_parallel_degree.max(1), p.context_parallel_degree.max(1));
+    if cp > 1 && t.seq_len % (2 * cp) != 0 {
+        e.push(format!(
+            "`training.seq_len` = {} must be a multiple of 2 · `parallelism.context_parallel_degree` = {} (each context-parallel rank holds two of 2·cp equal chunks); change either",
+            t.seq_len,
+            2 * cp
+        ));
+    } else if tp > 1 && p.enable_sequence_parallel && (t.seq_len / cp) % tp != 0 {
+        let what = if cp > 1 {
+            format!("`training.seq_len` / `parallelism.context_parallel_degree` = {}", t.seq_len / cp)
+        } else {
+            format!("`training.seq_len` = {}", t.seq_len)
+        };
+        e.push(format!(
+            "{what} must be a multiple of `parallelism.tensor_parallel_degree` = {tp} with sequence parallelism (each rank holds seq_len / cp / tp positions); change them or set `parallelism.enable_sequence_parallel` = false"
+        ));
+    }
     let args = match c.model_args() {
         Ok(a) => Some(a),
         Err(msg) if c.model.flavor == "hf" => {

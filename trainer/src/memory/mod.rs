@@ -43,7 +43,11 @@ pub fn runtime_gib() -> f64 {
 /// The plan of every rank this host runs, and (ranks, plan) per pipeline stage: all ranks when
 /// they are threads (`ranks_here = None`); under MPI, `ranks_here` processes on this host, each
 /// counted at the largest stage's plan (which stages they hold is not known here).
-pub fn host_bytes(cfg: &JobConfig, dims: &ParallelDims, ranks_here: Option<usize>) -> Result<(u64, Vec<(usize, RankMemory)>)> {
+pub fn host_bytes(
+    cfg: &JobConfig,
+    dims: &ParallelDims,
+    ranks_here: Option<usize>,
+) -> Result<(u64, Vec<(usize, RankMemory)>)> {
     let args = cfg.model_args().map_err(|e| anyhow::anyhow!(e))?;
     let pp = dims.pp.max(1);
     let per_stage: Vec<RankMemory> = (0..pp).map(|r| rank_memory(cfg, &args, dims, r)).collect::<Result<_>>()?;
@@ -124,7 +128,11 @@ pub fn check_fits(cfg: &JobConfig, dims: &ParallelDims, ranks_here: Option<usize
     } else {
         "to fit: checkpoint activations (`activation_checkpoint.mode` = \"full\", or \"selective\" with `selective_ac_option` = \"2\" or \"op\"), lower `training.local_batch_size` or `training.seq_len`, compute in `training.mixed_precision_param` = \"bfloat16\", use more pipeline microbatches (`parallelism.num_pp_microbatches`, schedule \"1F1B\"), or spread the ranks over more hosts"
     };
-    let place = if gpu { format!("the {} device {}", cfg.training.device, cfg.training.device_index) } else { "this host".into() };
+    let place = if gpu {
+        format!("the {} device {}", cfg.training.device, cfg.training.device_index)
+    } else {
+        "this host".into()
+    };
     bail!(
         "`model.flavor` = {:?} does not fit: {place}'s ranks need about {:.1} GiB at the peak of a step and {:.1} GiB is available ({source}):\n{}\n{hint}; `training.memory_check = false` skips this check.",
         cfg.model.flavor,
@@ -192,7 +200,10 @@ mod tests {
         assert_eq!(held, n + norms, "{stages:?}");
         for s in &stages {
             assert_eq!(s.gathered, 2 * s.params, "FSDP 2: the gathered copy is twice the shard");
-            assert!(s.activations > 0 && s.backward_working_set > 0 && s.comm_buffers > 0 && s.reduction_buffers > 0, "{s:?}");
+            assert!(
+                s.activations > 0 && s.backward_working_set > 0 && s.comm_buffers > 0 && s.reduction_buffers > 0,
+                "{s:?}"
+            );
         }
         let (total, _) = host_bytes(&c, &d, None).unwrap();
         assert_eq!(total, 4 * stages.iter().map(RankMemory::total).sum::<u64>());
@@ -205,7 +216,10 @@ mod tests {
         assert!(need > 110 << 30, "8B: {need} bytes");
         if available_bytes().is_some_and(|a| a < need) {
             let e = check_fits(&c, &d, None).unwrap_err().to_string();
-            assert!(e.contains("\"8B\" does not fit") && e.contains("AdamW moments") && e.contains("training.memory_check"), "{e}");
+            assert!(
+                e.contains("\"8B\" does not fit") && e.contains("AdamW moments") && e.contains("training.memory_check"),
+                "{e}"
+            );
         }
     }
 }

@@ -64,8 +64,7 @@ impl RankMemory {
     /// The peak: the state, plus the larger of the forward/backward phase and the gradient
     /// reduction that follows it (activations are freed by then).
     pub fn total(&self) -> u64 {
-        let compute =
-            self.gathered + self.activations + self.backward_working_set + self.comm_buffers + self.workspace;
+        let compute = self.gathered + self.activations + self.backward_working_set + self.comm_buffers + self.workspace;
         self.state() + compute.max(self.reduction_buffers)
     }
 }

@@ -200,9 +200,12 @@ impl MetricsLogger {
             let mut line = line;
             if !s.expert_load.is_empty() {
                 // MoE: per layer, max/mean tokens per expert and the tokens of each expert.
-                line["moe_imbalance"] = s.expert_load.iter().map(|l| (format!("layers.{}", l.layer), json!(l.imbalance))).collect();
-                line["moe_tokens_per_expert"] = s.expert_load.iter().map(|l| (format!("layers.{}", l.layer), json!(l.tokens))).collect();
-                line["moe_aux_loss"] = s.expert_load.iter().map(|l| (format!("layers.{}", l.layer), json!(l.aux_loss))).collect();
+                line["moe_imbalance"] =
+                    s.expert_load.iter().map(|l| (format!("layers.{}", l.layer), json!(l.imbalance))).collect();
+                line["moe_tokens_per_expert"] =
+                    s.expert_load.iter().map(|l| (format!("layers.{}", l.layer), json!(l.tokens))).collect();
+                line["moe_aux_loss"] =
+                    s.expert_load.iter().map(|l| (format!("layers.{}", l.layer), json!(l.aux_loss))).collect();
                 line["all_to_all_time_s"] = json!(s.all_to_all_seconds);
             }
             if !s.tokens_by_source.is_empty() {

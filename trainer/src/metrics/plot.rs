@@ -135,7 +135,13 @@ pub fn training_curves(path: &Path, c: &Curves) -> Result<String> {
     let red = RGBColor(214, 39, 40);
     let green = RGBColor(44, 160, 44);
     let purple = RGBColor(148, 103, 189);
-    panel(&top, "loss", "loss (nats/token)", x, &[("train loss", blue, c.loss, false), ("validation loss", red, c.val_loss, true)])?;
+    panel(
+        &top,
+        "loss",
+        "loss (nats/token)",
+        x,
+        &[("train loss", blue, c.loss, false), ("validation loss", red, c.val_loss, true)],
+    )?;
     panel(&left, "learning rate", "lr", x, &[("lr", green, c.lr, false)])?;
     panel(&right, "gradient norm (before clipping)", "grad norm", x, &[("grad norm", purple, c.grad_norm, false)])?;
     root.present().map_err(|e| err(&e))?;
@@ -174,7 +180,11 @@ mod tests {
         // The y-label strip of the loss panel: left margin to the axis, below the title.
         let y_strip = dark(&img, 12..(10 + Y_LABEL_AREA - 4), 70..(LOSS_PANEL_ROWS - X_LABEL_AREA - 10));
         // The x-label strip under the loss panel's axis.
-        let x_strip = dark(&img, (10 + Y_LABEL_AREA + 5)..(SIZE.0 - 20), (LOSS_PANEL_ROWS - X_LABEL_AREA)..(LOSS_PANEL_ROWS - 10));
+        let x_strip = dark(
+            &img,
+            (10 + Y_LABEL_AREA + 5)..(SIZE.0 - 20),
+            (LOSS_PANEL_ROWS - X_LABEL_AREA)..(LOSS_PANEL_ROWS - 10),
+        );
         let title = dark(&img, 300..700, 0..30);
         assert!(y_strip > 150, "y-axis labels: {y_strip} dark pixels");
         assert!(x_strip > 150, "x-axis labels: {x_strip} dark pixels");

@@ -109,7 +109,10 @@ impl EventWriter {
         rec.extend_from_slice(&masked_crc32c(&len).to_le_bytes());
         rec.extend_from_slice(&data);
         rec.extend_from_slice(&masked_crc32c(&data).to_le_bytes());
-        self.file.write_all(&rec).and_then(|_| self.file.flush()).with_context(|| format!("writing {}", self.path.display()))
+        self.file
+            .write_all(&rec)
+            .and_then(|_| self.file.flush())
+            .with_context(|| format!("writing {}", self.path.display()))
     }
 }
 

@@ -120,7 +120,9 @@ pub fn timeline(dir: &Path, out: &Path) -> Result<usize> {
         .with_context(|| format!("reading {}", dir.display()))?
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("rank") && n.ends_with("_trace.json")))
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("rank") && n.ends_with("_trace.json"))
+        })
         .collect();
     let rank_of = |p: &PathBuf| -> usize {
         let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("");

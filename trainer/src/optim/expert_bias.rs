@@ -5,8 +5,8 @@
 //! give the same bias everywhere. Also the load metrics: max / mean tokens per expert and the
 //! sequence-wise balance loss.
 
-use crate::rank::{RankContext, RankModel};
 use crate::rank::params;
+use crate::rank::{RankContext, RankModel};
 use anyhow::Result;
 use burn::prelude::*;
 use titan_checkpoints::{HostTensor, TensorMap};

@@ -199,10 +199,11 @@ impl Wire<'_> {
     fn recv(&self, stage: usize, microbatch: usize, from: usize, backward: bool) -> Result<Tensor<3>> {
         let mut buf = vec![0f32; self.hidden.iter().product()];
         let peer = self.layout.split.rank_of_stage(from);
-        let _span = titan_profiling::span_with(|| format!("pp.recv {} mb {microbatch}", direction(backward)), "pipeline")
-            .arg("bytes", buf.len() * 4)
-            .arg("peer", peer)
-            .arg("stage", stage);
+        let _span =
+            titan_profiling::span_with(|| format!("pp.recv {} mb {microbatch}", direction(backward)), "pipeline")
+                .arg("bytes", buf.len() * 4)
+                .arg("peer", peer)
+                .arg("stage", stage);
         self.comm().recv(&mut buf, peer, self.tag(stage, microbatch, backward))?;
         Ok(Tensor::from_data(TensorData::new(buf, self.hidden), self.device))
     }
@@ -212,10 +213,11 @@ impl Wire<'_> {
     fn send(&self, x: Tensor<3>, stage: usize, microbatch: usize, backward: bool) -> Result<()> {
         let data = x.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 hidden states");
         let peer = self.layout.split.rank_of_stage(stage);
-        let _span = titan_profiling::span_with(|| format!("pp.send {} mb {microbatch}", direction(backward)), "pipeline")
-            .arg("bytes", data.len() * 4)
-            .arg("peer", peer)
-            .arg("stage", stage);
+        let _span =
+            titan_profiling::span_with(|| format!("pp.send {} mb {microbatch}", direction(backward)), "pipeline")
+                .arg("bytes", data.len() * 4)
+                .arg("peer", peer)
+                .arg("stage", stage);
         self.comm().send(&data, peer, self.tag(stage, microbatch, backward))?;
         Ok(())
     }

@@ -63,11 +63,21 @@ pub fn supervise(cfg: &JobConfig, r: &Restarts) -> Result<()> {
         }
         let cause = cause(status, &tail);
         if attempt == r.max_restarts {
-            bail!("the job failed {} time(s), the restarts (--max-restarts {}) are spent; last failure: {cause}", attempt + 1, r.max_restarts);
+            bail!(
+                "the job failed {} time(s), the restarts (--max-restarts {}) are spent; last failure: {cause}",
+                attempt + 1,
+                r.max_restarts
+            );
         }
         let from = folder.latest().ok().flatten();
-        let resume = from.map_or("the start (no complete checkpoint yet)".to_string(), |s| format!("checkpoint step-{s}"));
-        eprintln!("titan-rs: attempt {} failed ({cause}); restart {} of {} from {resume}", attempt + 1, attempt + 1, r.max_restarts);
+        let resume =
+            from.map_or("the start (no complete checkpoint yet)".to_string(), |s| format!("checkpoint step-{s}"));
+        eprintln!(
+            "titan-rs: attempt {} failed ({cause}); restart {} of {} from {resume}",
+            attempt + 1,
+            attempt + 1,
+            r.max_restarts
+        );
         log_restart(&dump, attempt + 1, &cause, from)?;
     }
     unreachable!("the last attempt returns")
@@ -126,7 +136,11 @@ fn cause(status: ExitStatus, tail: &[String]) -> String {
 fn log_restart(dump: &Path, restart: usize, cause: &str, from: Option<u64>) -> Result<()> {
     std::fs::create_dir_all(dump)?;
     let path = dump.join("restarts.jsonl");
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
     let line = serde_json::json!({ "restart": restart, "cause": cause, "resumed_from_step": from });
     writeln!(f, "{line}").with_context(|| format!("writing {}", path.display()))
 }
@@ -137,8 +151,10 @@ mod tests {
 
     #[test]
     fn supervisor_flags_are_removed_from_the_job_arguments() {
-        let a: Vec<String> =
-            ["--training.steps", "5", "--max-restarts", "2", "--launcher=mpirun -np 2", "--x.y", "1"].iter().map(|s| s.to_string()).collect();
+        let a: Vec<String> = ["--training.steps", "5", "--max-restarts", "2", "--launcher=mpirun -np 2", "--x.y", "1"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         assert_eq!(strip_flags(&a, &["max-restarts", "launcher"]), vec!["--training.steps", "5", "--x.y", "1"]);
     }
 

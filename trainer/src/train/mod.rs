@@ -1,6 +1,5 @@
 //! `titan-rs train`: the loop, top to bottom.
 
-
 pub mod elastic;
 pub mod trainer;
 
@@ -138,9 +137,8 @@ fn utc_stamp(secs: u64) -> String {
 /// under `metrics.save_for_all_ranks`. `None` for a rank with nothing to write.
 fn start_logging(t: &Trainer, dump: &std::path::Path, steps: u64, logs: bool) -> Result<Option<MetricsLogger>> {
     let cfg = &t.cfg;
-    let tensorboard = (logs || cfg.metrics.save_for_all_ranks)
-        .then(|| tensorboard_dir(cfg, dump, t.rank.world_rank))
-        .flatten();
+    let tensorboard =
+        (logs || cfg.metrics.save_for_all_ranks).then(|| tensorboard_dir(cfg, dump, t.rank.world_rank)).flatten();
     if !logs && tensorboard.is_none() {
         return Ok(None);
     }
@@ -197,7 +195,11 @@ fn start_logging(t: &Trainer, dump: &std::path::Path, steps: u64, logs: bool) ->
         ),
     }
     if let Some(f) = log.tensorboard_file() {
-        println!("TensorBoard: {} (tensorboard --logdir {})", f.display(), dump.join(&cfg.metrics.save_tb_folder).display());
+        println!(
+            "TensorBoard: {} (tensorboard --logdir {})",
+            f.display(),
+            dump.join(&cfg.metrics.save_tb_folder).display()
+        );
     }
     Ok(Some(log))
 }

@@ -1,25 +1,25 @@
 //! The training state of one rank and the operations on it: build (or resume), one optimizer
 //! step, validation, checkpoint.
 
+use crate::checkpoint::{Checkpointer, TrainingState};
 use crate::config::{DeviceKind, FailMode, JobConfig, MaskType, Precision};
-use crate::rank::grads;
+use crate::metrics::StepStats;
 use crate::optim::LrSchedule;
 use crate::optim::{AdamW, AdamWConfig};
+use crate::paths;
+use crate::rank::grads;
 use crate::rank::parallelize::{parallelize_llama, Placement};
+use crate::rank::params;
 use crate::rank::pipeline::{forward_only, run_schedule, RankLayout, StepInputs};
 use crate::rank::{RankContext, RankModel};
-use crate::metrics::StepStats;
-use crate::paths;
-use crate::rank::params;
 use anyhow::{anyhow, bail, Result};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
+use std::borrow::Cow;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
-use crate::checkpoint::{Checkpointer, TrainingState};
 use titan_data::{tokenize_corpus_with, Batch, DataLoader, LoaderConfig, Tokenizer, ValidationBatches};
-use std::borrow::Cow;
 use titan_models::{Checkpointing, DocumentMask, Documents, ModelArgs, Transformer};
 use titan_parallel::registry::with_group;
 use titan_parallel::{CommExt, ReduceOp};
@@ -357,7 +357,12 @@ impl Trainer {
         let Some(cp) = &self.placement.cp else { return (Cow::Borrowed(batch), docs) };
         let t = batch.seq_len;
         let cols = cp.columns(t);
-        let local = Batch { inputs: cp.shard(&batch.inputs, t), targets: cp.shard(&batch.targets, t), batch: batch.batch, seq_len: cols.len() };
+        let local = Batch {
+            inputs: cp.shard(&batch.inputs, t),
+            targets: cp.shard(&batch.targets, t),
+            batch: batch.batch,
+            seq_len: cols.len(),
+        };
         (Cow::Owned(local), docs.map(|d| d.select(&cols)))
     }
 

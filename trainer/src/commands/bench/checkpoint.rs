@@ -12,9 +12,9 @@
 
 use crate::alloc;
 use crate::config::{AsyncMode, JobConfig};
+use crate::rank::params;
 use crate::rank::pipeline::gather_stages;
 use crate::rank::RankContext;
-use crate::rank::params;
 use crate::train::trainer::Trainer;
 use anyhow::Result;
 use std::collections::HashMap;
@@ -36,7 +36,9 @@ struct Sample {
 fn gathered_save(t: &Trainer, folder: &CheckpointFolder) -> Result<()> {
     let model_t = t.placement.gather_full(params::model_to_tensors(&t.model), &t.rank)?;
     let optim_t = t.placement.gather_full(t.optim.state_dict(&t.model), &t.rank)?;
-    let (Some(model), Some(optim)) = (gather_stages(model_t, &t.layout, &t.rank)?, gather_stages(optim_t, &t.layout, &t.rank)?) else {
+    let (Some(model), Some(optim)) =
+        (gather_stages(model_t, &t.layout, &t.rank)?, gather_stages(optim_t, &t.layout, &t.rank)?)
+    else {
         return Ok(());
     };
     let meta = HashMap::from([("step".to_string(), t.step.to_string())]);

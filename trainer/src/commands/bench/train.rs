@@ -3,8 +3,8 @@
 
 use crate::config::{JobConfig, Precision};
 use crate::metrics::peak;
-use crate::rank::RankContext;
 use crate::metrics::StepStats;
+use crate::rank::RankContext;
 use crate::train::trainer::Trainer;
 use anyhow::{anyhow, bail, Context, Result};
 
@@ -55,7 +55,8 @@ pub fn bench(mut cfg: JobConfig, warmup: usize, steps: usize) -> Result<BenchRes
     let tps = tokens_per_step as f64 / median.seconds;
     // The whole job's throughput against the whole device (all ranks share it).
     let device = crate::device::select(cfg.training.device, cfg.training.device_index)?;
-    let mut peak = peak::resolve(cfg.metrics.peak_tflops(), cfg.training.device, &device, cfg.training.mixed_precision_param, 1);
+    let mut peak =
+        peak::resolve(cfg.metrics.peak_tflops(), cfg.training.device, &device, cfg.training.mixed_precision_param, 1);
     let args = cfg.model_args().map_err(|e| anyhow!(e))?;
     let tflops = tps * args.flops_per_token(cfg.training.seq_len) / 1e12;
     let (mfu, _) = crate::metrics::logger::mfu(tflops, &mut peak);
@@ -188,7 +189,11 @@ pub fn print_table(label: &str, r: &BenchResult, baseline: Option<&Baseline>) {
     if let Some(b) = baseline {
         let (ours, theirs) = (median(&b.ours), median(&b.theirs));
         let ((o0, o1), (t0, t1)) = (range(&b.ours), range(&b.theirs));
-        header += &format!(" titan-rs tokens/s, median of {} (range) | {} tokens/s, same run | ratio |", b.ours.len(), b.name);
+        header += &format!(
+            " titan-rs tokens/s, median of {} (range) | {} tokens/s, same run | ratio |",
+            b.ours.len(),
+            b.name
+        );
         row += &format!(" {ours:.0} ({o0:.0}–{o1:.0}) | {theirs:.0} ({t0:.0}–{t1:.0}) | {:.2}× |", ours / theirs);
     }
     println!("{header}");
