@@ -192,3 +192,45 @@ fn a_model_that_cannot_fit_is_refused_before_anything_is_allocated() {
     let gib: f64 = line.split_whitespace().nth(3).unwrap().parse().unwrap();
     assert!(gib > 5.0 && gib < 80.0, "{line}");
 }
+
+/// The start-up line names every mesh dimension with its degree, from the one resolved mesh
+/// (it used to print "replicate 0" for CP 2 × TP 2 × PP 2 and leave CP out).
+#[test]
+fn start_line_names_every_mesh_dimension() {
+    let d = tempfile::tempdir().unwrap();
+    let mesh = [
+        "--nproc",
+        "8",
+        "--parallelism.context_parallel_degree",
+        "2",
+        "--parallelism.tensor_parallel_degree",
+        "2",
+        "--parallelism.pipeline_parallel_degree",
+        "2",
+    ];
+    let out = assert_ok(&run(&tiny_args(d.path(), 1), &mesh));
+    let line = out.lines().find(|l| l.starts_with("training steps")).unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        line.contains("on 1 data-parallel rank(s); mesh 8 rank(s) = replicate 1 × shard 1 × cp 2 × tp 2 × pp 2 (sequence parallel); pipeline 1F1B"),
+        "{line}"
+    );
+    // Expert parallelism is named with the ranks it borrows.
+    let e = tempfile::tempdir().unwrap();
+    let moe = ["--nproc", "2", "--model.flavor", "moe_debug", "--parallelism.data_parallel_shard_degree", "2", "--parallelism.expert_parallel_degree", "2"];
+    let out = assert_ok(&run(&tiny_args(e.path(), 1), &moe));
+    let line = out.lines().find(|l| l.starts_with("training steps")).unwrap_or_else(|| panic!("{out}"));
+    assert!(line.contains("mesh 2 rank(s) = replicate 1 × shard 2 × cp 1 × tp 1 × pp 1 (ep 2 over shard × cp × tp)"), "{line}");
+}
+
+/// A single value for a list key is a one-element list: `--debug.fail_at_steps 1` fails the
+/// run at step 1 (it used to be ignored), in a config file too.
+#[test]
+fn a_scalar_for_a_list_key_takes_effect() {
+    let d = tempfile::tempdir().unwrap();
+    let o = run(&tiny_args(d.path(), 3), &["--debug.fail_at_steps", "1", "--debug.fail_mode", "error"]);
+    assert_clean_error(&o, &["injected failure at step 1 (debug.fail_at_steps, attempt 0)"]);
+    let f = d.path().join("job.toml");
+    std::fs::write(&f, "[debug]\nfail_at_steps = 2\nfail_mode = \"error\"\n").unwrap();
+    let o = run(&tiny_args(d.path(), 3), &["--config", f.to_str().unwrap()]);
+    assert_clean_error(&o, &["injected failure at step 2"]);
+}
