@@ -173,7 +173,7 @@ pub fn stream_safetensors(
 /// Writes every tensor of the step folder `dir` in full into one safetensors file `out`,
 /// one tensor in memory at a time; `out` appears only complete. Returns tensors and bytes.
 pub fn consolidate(dir: &Path, out: &Path) -> Result<(usize, u64)> {
-    let sources = open_sources(dir)?;
+    let sources = open_verified(dir)?;
     let mut tensors = Vec::new();
     for src in &sources {
         for (key, shape) in src.shapes() {
@@ -183,7 +183,10 @@ pub fn consolidate(dir: &Path, out: &Path) -> Result<(usize, u64)> {
         }
     }
     let tmp = out.with_extension("partial");
-    stream_safetensors(&tmp, &tensors, None).with_context(|| format!("consolidating {}", dir.display()))?;
+    if let Err(e) = stream_safetensors(&tmp, &tensors, None) {
+        let _ = fs::remove_file(&tmp);
+        return Err(e.context(format!("consolidating {} into {}", dir.display(), out.display())));
+    }
     fs::rename(&tmp, out).with_context(|| format!("renaming {} to {}", tmp.display(), out.display()))?;
     Ok((tensors.len(), fs::metadata(out)?.len()))
 }
