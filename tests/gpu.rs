@@ -39,6 +39,33 @@ fn moe_training_on_the_wgpu_adapter_matches_the_cpu_run() {
     assert_matches("moe_debug wgpu vs cpu", &cpu, &gpu, 1e-5);
 }
 
+/// The mesh on GPU ranks — several ranks as threads sharing the software adapter, their
+/// collectives staged through host memory — equals one GPU rank: DDP 2, FSDP 2, TP 2 with and
+/// without sequence parallelism, FSDP 2 × TP 2, and PP 2 × FSDP 2. Tolerance 1e-5 relative, as
+/// the same layouts on the CPU (sums in another order). These layouts used to panic
+/// ("Backend not supported for custom op 'dist_collective'").
+#[test]
+fn parallel_layouts_on_the_wgpu_adapter_equal_one_gpu_rank() {
+    let d = tempfile::tempdir().unwrap();
+    let base = "--training.global_batch_size 4 --training.device wgpu";
+    let one = layout_run(&d.path().join("one"), &format!("{base} --parallelism.data_parallel_shard_degree 1"), 2);
+    let half = "--training.local_batch_size 2";
+    for (name, flags) in [
+        ("DDP 2", format!("--nproc 2 --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 1 {half}")),
+        ("FSDP 2", format!("--nproc 2 --parallelism.data_parallel_shard_degree 2 {half}")),
+        ("TP 2", "--nproc 2 --parallelism.data_parallel_shard_degree 1 --parallelism.tensor_parallel_degree 2".to_string()),
+        (
+            "TP 2 without SP",
+            "--nproc 2 --parallelism.data_parallel_shard_degree 1 --parallelism.tensor_parallel_degree 2 --parallelism.enable_sequence_parallel false".to_string(),
+        ),
+        ("FSDP 2 x TP 2", format!("--nproc 4 --parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2 {half}")),
+        ("PP 2 x FSDP 2", format!("--nproc 4 --parallelism.data_parallel_shard_degree 2 --parallelism.pipeline_parallel_degree 2 {half}")),
+    ] {
+        let got = layout_run(&d.path().join(name.replace(' ', "_")), &format!("{base} {flags}"), 2);
+        assert_matches(&format!("{name} on wgpu vs one wgpu rank"), &one, &got, 1e-5);
+    }
+}
+
 #[test]
 fn a_missing_adapter_is_a_clear_error_listing_what_exists() {
     let d = tempfile::tempdir().unwrap();
@@ -96,6 +123,6 @@ fn a_model_too_large_for_the_gpu_is_refused_before_allocating() {
         "train", "--config", "configs/llama_debug.toml", "--model.flavor", "1B", "--training.device", "wgpu",
         "--training.device_memory_gib", "30", "--training.seq_len", "2048",
     ]);
-    assert_clean_error(&o, &["does not fit", "the wgpu device 0", "`training.device_memory_gib`", "activation_checkpoint.mode", "training.memory_check = false"]);
+    assert_clean_error(&o, &["does not fit", "each rank's wgpu device", "`training.device_memory_gib`", "activation_checkpoint.mode", "training.memory_check = false"]);
     assert!(t.elapsed().as_secs() < 30, "took {:?}", t.elapsed());
 }

@@ -13,6 +13,15 @@ pub fn under_mpi_launcher() -> bool {
     ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"].iter().any(|v| std::env::var_os(v).is_some())
 }
 
+/// This rank's index among the ranks on its host: the MPI launcher's local rank, or (threads
+/// of one process) the world rank.
+pub fn local_rank(world_rank: usize) -> usize {
+    ["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok()?.parse::<usize>().ok())
+        .unwrap_or(world_rank)
+}
+
 /// Runs this process's rank under MPI: on failure the error is printed and the whole job is
 /// aborted (non-zero exit everywhere), so no rank is left waiting.
 #[cfg(feature = "mpi")]

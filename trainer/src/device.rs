@@ -22,13 +22,15 @@ pub fn selected_adapter() -> Option<String> {
 }
 
 /// The device for `training.device` / `training.device_index`, checked with a real reduction.
-pub fn select(kind: crate::config::DeviceKind, index: usize) -> Result<Device> {
+/// `index` `None` (-1): one GPU per rank — the rank with `local_rank` on its host takes adapter
+/// `local_rank mod adapters` of the chosen kind.
+pub fn select(kind: crate::config::DeviceKind, index: Option<usize>, local_rank: usize) -> Result<Device> {
     use crate::config::DeviceKind as Kind;
     let name = kind.as_str();
     let device = match kind {
         Kind::Cpu => return Ok(Device::flex()),
-        Kind::Wgpu | Kind::Vulkan => wgpu_device(name, index)?,
-        Kind::Cuda => cuda_device(index)?,
+        Kind::Wgpu | Kind::Vulkan => wgpu_device(name, index, local_rank)?,
+        Kind::Cuda => cuda_device(index.unwrap_or(local_rank))?,
     };
     check(&device, name)?;
     Ok(device)
@@ -130,7 +132,7 @@ fn enumerate(name: &str) -> Vec<wgpu::AdapterInfo> {
 }
 
 #[cfg(feature = "wgpu")]
-fn wgpu_device(name: &str, index: usize) -> Result<Device> {
+fn wgpu_device(name: &str, index: Option<usize>, local_rank: usize) -> Result<Device> {
     use wgpu::DeviceType;
     let infos = enumerate(name);
     let of = |t: DeviceType| infos.iter().filter(|i| i.device_type == t).collect::<Vec<_>>();
@@ -146,9 +148,15 @@ fn wgpu_device(name: &str, index: usize) -> Result<Device> {
         }
     };
     let pick = |kind: &str, found: Vec<&wgpu::AdapterInfo>| -> Result<usize> {
+        let index = index.unwrap_or(local_rank % found.len().max(1));
         if index < found.len() {
             *ADAPTER.lock().unwrap_or_else(|p| p.into_inner()) = Some(found[index].name.clone());
-            tracing::info!("training on {} ({kind} {index}, {:?})", found[index].name, found[index].backend);
+            tracing::info!(
+                "local rank {local_rank}: training on {} ({kind} {index} of {}, {:?})",
+                found[index].name,
+                found.len(),
+                found[index].backend
+            );
             Ok(index)
         } else {
             bail!("`training.device_index` = {index}: there are {} {kind}(s); adapters found: {}", found.len(), list())
@@ -172,7 +180,7 @@ fn wgpu_device(name: &str, index: usize) -> Result<Device> {
 }
 
 #[cfg(not(feature = "wgpu"))]
-fn wgpu_device(name: &str, _index: usize) -> Result<Device> {
+fn wgpu_device(name: &str, _index: Option<usize>, _local_rank: usize) -> Result<Device> {
     bail!("`training.device` = {name:?}: this titan-rs was built without GPU support; rebuild with `cargo build --release -p titan-rs --features wgpu`, or use `training.device = \"cpu\"`")
 }
 

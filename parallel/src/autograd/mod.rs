@@ -16,20 +16,33 @@
 //! issue these collectives in the same order (tested).
 
 mod autodiff;
-mod flex;
 pub mod host;
+mod staged;
 
 use crate::registry::GroupHandle;
 use burn::backend::{backend_extension, tensor::FloatTensor, Backend, Dispatch};
 use burn::prelude::*;
 use host::Prim;
 
-#[backend_extension(Flex, Autodiff)]
+/// On every device the collective is staged through host memory (the tensor read, the
+/// communicator's collective, the result written back to the tensor's device): the portable
+/// path, for every vendor. The Fusion backend runs it eagerly (the default body, not a lazy
+/// fused op), so collectives keep program order with the communicator's other calls.
+#[backend_extension(Flex, Autodiff, Cube: cfg(feature = "cube"), Fusion: cfg(feature = "cube"))]
 pub trait CollectiveOps: Backend {
     /// Runs primitive `fwd` (a [`Prim`] code) on group `group`; under autodiff the gradient is
     /// primitive `bwd` of the output gradient.
-    fn dist_collective(x: FloatTensor<Self>, fwd: u32, bwd: u32, dim: usize, group: u64) -> FloatTensor<Self>;
+    #[fusion(default)]
+    fn dist_collective(x: FloatTensor<Self>, fwd: u32, bwd: u32, dim: usize, group: u64) -> FloatTensor<Self> {
+        let _ = bwd;
+        staged::run::<Self>(x, Prim::from_code(fwd), dim, group)
+    }
 }
+
+impl CollectiveOps for burn::backend::Flex {}
+
+#[cfg(feature = "cube")]
+impl CollectiveOps for burn_cubecl::CubeBackend {}
 
 fn op<const D: usize>(x: Tensor<D>, fwd: Prim, bwd: Prim, dim: usize, g: &GroupHandle) -> Tensor<D> {
     op_on(x, fwd, bwd, dim, g.id())

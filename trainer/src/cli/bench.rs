@@ -42,7 +42,7 @@ pub(crate) fn run(kind: BenchKind) -> Result<()> {
                 }
             }
             set_threads(&cfg)?;
-            let device = titan_rs::device::select(cfg.training.device, cfg.training.device_index)?;
+            let device = titan_rs::device::select(cfg.training.device, cfg.training.device_index(), 0)?;
             let args = cfg.model_args().map_err(|e| anyhow::anyhow!(e))?;
             let t = &cfg.training;
             let shapes = bench_kernels::Shapes { batch: t.local_batch_size, seq: t.seq_len, args };

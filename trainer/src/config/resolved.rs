@@ -20,6 +20,13 @@ impl JobConfig {
     }
 }
 
+impl Training {
+    /// `device_index`; `None` = one GPU per rank (-1).
+    pub fn device_index(&self) -> Option<usize> {
+        unless_negative(self.device_index).map(|i| i as usize)
+    }
+}
+
 impl Parallelism {
     /// `data_parallel_shard_degree`; `None` = all the remaining ranks (-1).
     pub fn shard_degree(&self) -> Option<usize> {

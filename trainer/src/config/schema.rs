@@ -109,8 +109,9 @@ section!(Training {
     seed: u64 = 42,
     /// cpu (Burn flex) | wgpu | vulkan (build with --features wgpu) | cuda (--features cuda)
     device: DeviceKind = DeviceKind::Cpu,
-    /// Which adapter of that kind (GPUs are counted per kind: discrete, then integrated).
-    device_index: usize = 0,
+    /// Which adapter of that kind (GPUs are counted per kind: discrete, then integrated); -1 =
+    /// one GPU per rank: the rank with local rank r on its host takes adapter r mod adapters.
+    device_index: i64 = -1,
     /// float32
     dtype: ParamDtype = ParamDtype::Float32,
     /// The compute type: float32 | bfloat16 | float16 (float32 master weights and optimizer state)

@@ -83,6 +83,9 @@ pub fn validate(c: &JobConfig) -> Result<()> {
     }
     let p = &c.parallelism;
     let cp = p.context_parallel_degree.max(1);
+    if t.device_index < -1 {
+        e.push(format!("`training.device_index` = {} must be an adapter index, or -1 for one GPU per rank", t.device_index));
+    }
     if cp > 1 && t.device.is_gpu() {
         e.push(format!(
             "`parallelism.context_parallel_degree` = {cp} runs on the CPU device (its ring attention uses the CPU communicators); set `training.device` = \"cpu\" or the degree to 1"

@@ -129,7 +129,10 @@ pub fn check_fits(cfg: &JobConfig, dims: &ParallelDims, ranks_here: Option<usize
         "to fit: checkpoint activations (`activation_checkpoint.mode` = \"full\", or \"selective\" with `selective_ac_option` = \"2\" or \"op\"), lower `training.local_batch_size` or `training.seq_len`, compute in `training.mixed_precision_param` = \"bfloat16\", use more pipeline microbatches (`parallelism.num_pp_microbatches`, schedule \"1F1B\"), or spread the ranks over more hosts"
     };
     let place = if gpu {
-        format!("the {} device {}", cfg.training.device, cfg.training.device_index)
+        match cfg.training.device_index() {
+            Some(i) => format!("the {} device {i}", cfg.training.device),
+            None => format!("each rank's {} device", cfg.training.device),
+        }
     } else {
         "this host".into()
     };

@@ -102,7 +102,8 @@ impl Trainer {
     /// checkpointing is on and one exists.
     pub fn new(cfg: JobConfig, rank: RankContext) -> Result<Self> {
         let args = cfg.model_args().map_err(|e| anyhow!(e))?;
-        let mut device = crate::device::select(cfg.training.device, cfg.training.device_index)?.autodiff();
+        let local_rank = titan_parallel::launcher::local_rank(rank.world_rank);
+        let mut device = crate::device::select(cfg.training.device, cfg.training.device_index(), local_rank)?.autodiff();
         if cfg.activation_checkpoint.policy() == Ok(Checkpointing::Ops) {
             // Op-level selective AC: Burn's balanced strategy recomputes the memory-bound ops.
             device = device.gradient_checkpointing();

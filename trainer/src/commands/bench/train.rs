@@ -54,7 +54,7 @@ pub fn bench(mut cfg: JobConfig, warmup: usize, steps: usize) -> Result<BenchRes
     let median = &stats[stats.len() / 2];
     let tps = tokens_per_step as f64 / median.seconds;
     // The whole job's throughput against the whole device (all ranks share it).
-    let device = crate::device::select(cfg.training.device, cfg.training.device_index)?;
+    let device = crate::device::select(cfg.training.device, cfg.training.device_index(), 0)?;
     let mut peak =
         peak::resolve(cfg.metrics.peak_tflops(), cfg.training.device, &device, cfg.training.mixed_precision_param, 1);
     let args = cfg.model_args().map_err(|e| anyhow!(e))?;
