@@ -41,7 +41,8 @@ fn moe_training_on_the_wgpu_adapter_matches_the_cpu_run() {
 
 /// The mesh on GPU ranks — several ranks as threads sharing the software adapter, their
 /// collectives staged through host memory — equals one GPU rank: DDP 2, FSDP 2, TP 2 with and
-/// without sequence parallelism, FSDP 2 × TP 2, and PP 2 × FSDP 2. Tolerance 1e-5 relative, as
+/// without sequence parallelism, FSDP 2 × TP 2, PP 2 × FSDP 2, HSDP 2 × 2 and CP 2 (ring and
+/// all-gather; used to be refused on GPU devices). Tolerance 1e-5 relative, as
 /// the same layouts on the CPU (sums in another order). These layouts used to panic
 /// ("Backend not supported for custom op 'dist_collective'").
 #[test]
@@ -60,6 +61,35 @@ fn parallel_layouts_on_the_wgpu_adapter_equal_one_gpu_rank() {
         ),
         ("FSDP 2 x TP 2", format!("--nproc 4 --parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2 {half}")),
         ("PP 2 x FSDP 2", format!("--nproc 4 --parallelism.data_parallel_shard_degree 2 --parallelism.pipeline_parallel_degree 2 {half}")),
+        (
+            "HSDP 2x2",
+            "--nproc 4 --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 1".to_string(),
+        ),
+        ("CP 2 ring", "--nproc 2 --parallelism.data_parallel_shard_degree 1 --parallelism.context_parallel_degree 2".to_string()),
+        (
+            "CP 2 all-gather",
+            "--nproc 2 --parallelism.data_parallel_shard_degree 1 --parallelism.context_parallel_degree 2 --parallelism.context_parallel_rotate_method allgather".to_string(),
+        ),
+    ] {
+        let got = layout_run(&d.path().join(name.replace(' ', "_")), &format!("{base} {flags}"), 2);
+        assert_matches(&format!("{name} on wgpu vs one wgpu rank"), &one, &got, 1e-5);
+    }
+}
+
+/// Expert parallelism on the wgpu adapter (the token all-to-all staged through host memory):
+/// `moe_debug` under EP 2 and EP 2 × TP 2 equals one wgpu rank per step (1e-5 relative, as on
+/// the CPU). It used to be refused on GPU devices.
+#[test]
+fn expert_parallel_on_the_wgpu_adapter_equals_one_gpu_rank() {
+    let d = tempfile::tempdir().unwrap();
+    let base = "--model.flavor moe_debug --training.device wgpu";
+    let one = layout_run(&d.path().join("one"), &format!("{base} --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 4"), 2);
+    for (name, flags) in [
+        ("EP 2", "--nproc 2 --parallelism.data_parallel_shard_degree 2 --parallelism.expert_parallel_degree 2 --training.local_batch_size 2"),
+        (
+            "EP 2 x TP 2",
+            "--nproc 4 --parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2 --parallelism.expert_parallel_degree 2 --training.local_batch_size 2",
+        ),
     ] {
         let got = layout_run(&d.path().join(name.replace(' ', "_")), &format!("{base} {flags}"), 2);
         assert_matches(&format!("{name} on wgpu vs one wgpu rank"), &one, &got, 1e-5);

@@ -16,8 +16,8 @@
 //! * `rotate_method = "allgather"`: the K/V blocks are all-gathered into the whole sequence,
 //!   one attention call, and the `dK, dV` of every position reduce-scattered back.
 //!
-//! The attention kernels are the fused CPU ones of `titan_kernels` (per-row key windows); the op
-//! lives on the CPU backend, where the communicators are.
+//! The attention kernels are the fused CPU ones of `titan_kernels` (per-row key windows), on the
+//! host where the communicators are; on a GPU device the blocks are staged through host memory.
 
 use crate::comm::Communicator;
 use crate::registry::{with_group, GroupHandle};
@@ -28,7 +28,6 @@ use burn::backend::autodiff::{
     ops::{Backward, Ops, OpsKind},
     Autodiff,
 };
-use burn::backend::ops::{FloatTensorOps, IntTensorOps};
 use burn::backend::{
     backend_extension,
     tensor::{FloatTensor, IntTensor},
@@ -262,56 +261,14 @@ fn add(acc: &mut [f32], x: &[f32]) {
     acc.iter_mut().zip(x).for_each(|(a, b)| *a += b);
 }
 
-#[backend_extension(Flex, Autodiff)]
+/// On every device the ring runs on the host: the blocks are read (f32), the fused CPU
+/// attention and the communicator's send/recv run there, and the results are written back to
+/// the tensors' device in their own type — the portable path, for every vendor. The Fusion
+/// backend runs it eagerly (the default bodies), in program order with the other collectives.
+#[backend_extension(Flex, Autodiff, Cube: cfg(feature = "cube"), Fusion: cfg(feature = "cube"))]
 pub trait ContextAttentionOps: Backend {
     /// Output and log-sum-exp `[B, H, 2L]` of this rank's queries over the whole sequence.
-    fn cp_attention_fwd(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        starts: IntTensor<Self>,
-        spec: CpSpec,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>);
-
-    /// `(dq, dk, dv)` for this rank's queries and keys.
-    #[allow(clippy::too_many_arguments)]
-    fn cp_attention_bwd(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        starts: IntTensor<Self>,
-        o: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        d_o: FloatTensor<Self>,
-        spec: CpSpec,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
-
-    /// The differentiable op.
-    fn cp_attention(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        starts: IntTensor<Self>,
-        spec: CpSpec,
-    ) -> FloatTensor<Self>;
-}
-
-fn host_f32(t: FloatTensor<Flex>) -> Vec<f32> {
-    let data = read_sync(Flex::float_into_data(t)).expect("reading a flex tensor");
-    data.convert_dtype(DType::F32).try_into_vec_as::<f32>().expect("f32 data")
-}
-
-fn host_i64(t: IntTensor<Flex>) -> Vec<i64> {
-    let data = read_sync(Flex::int_into_data(t)).expect("reading a flex tensor");
-    data.convert_dtype(DType::I64).try_into_vec_as::<i64>().expect("i64 data")
-}
-
-/// `v` as a flex tensor of `shape` and `dtype`, on the device of `like`.
-fn like(v: Vec<f32>, shape: Vec<usize>, dtype: DType, like: &FloatTensor<Flex>) -> FloatTensor<Flex> {
-    Flex::float_from_data(TensorData::new(v, shape).convert_dtype(dtype), &like.device())
-}
-
-impl ContextAttentionOps for Flex {
+    #[fusion(default)]
     fn cp_attention_fwd(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -319,12 +276,12 @@ impl ContextAttentionOps for Flex {
         starts: IntTensor<Self>,
         spec: CpSpec,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (n, dtype, dev) = (Dims::of(&q.shape(), &k.shape()), q.dtype(), q.clone());
-        let scale = 1.0 / (n.d as f32).sqrt();
-        let (o, lse) = forward_host(&host_f32(q), &host_f32(k), &host_f32(v), &host_i64(starts), n, &spec, scale);
-        (like(o, vec![n.b, n.h, n.t, n.d], dtype, &dev), like(lse, vec![n.b, n.h, n.t], DType::F32, &dev))
+        staged_fwd::<Self>(q, k, v, starts, spec)
     }
 
+    /// `(dq, dk, dv)` for this rank's queries and keys.
+    #[allow(clippy::too_many_arguments)]
+    #[fusion(default)]
     fn cp_attention_bwd(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -335,24 +292,11 @@ impl ContextAttentionOps for Flex {
         d_o: FloatTensor<Self>,
         spec: CpSpec,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (n, dtype, dev) = (Dims::of(&q.shape(), &k.shape()), q.dtype(), q.clone());
-        let scale = 1.0 / (n.d as f32).sqrt();
-        let (dq, dk, dv) = backward_host(
-            &host_f32(q),
-            &host_f32(k),
-            &host_f32(v),
-            &host_i64(starts),
-            &host_f32(o),
-            &host_f32(lse),
-            &host_f32(d_o),
-            n,
-            &spec,
-            scale,
-        );
-        let kv = vec![n.b, n.kv, n.tk, n.d];
-        (like(dq, vec![n.b, n.h, n.t, n.d], dtype, &dev), like(dk, kv.clone(), dtype, &dev), like(dv, kv, dtype, &dev))
+        staged_bwd::<Self>(q, k, v, starts, o, lse, d_o, spec)
     }
 
+    /// The differentiable op.
+    #[fusion(default)]
     fn cp_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -362,6 +306,68 @@ impl ContextAttentionOps for Flex {
     ) -> FloatTensor<Self> {
         Self::cp_attention_fwd(q, k, v, starts, spec).0
     }
+}
+
+impl ContextAttentionOps for Flex {}
+
+#[cfg(feature = "cube")]
+impl ContextAttentionOps for burn_cubecl::CubeBackend {}
+
+fn host_f32<B: Backend>(t: FloatTensor<B>) -> Vec<f32> {
+    let data = read_sync(B::float_into_data(t)).expect("reading a tensor for context-parallel attention");
+    data.convert_dtype(DType::F32).try_into_vec_as::<f32>().expect("f32 data")
+}
+
+fn host_i64<B: Backend>(t: IntTensor<B>) -> Vec<i64> {
+    let data = read_sync(B::int_into_data(t)).expect("reading a tensor for context-parallel attention");
+    data.convert_dtype(DType::I64).try_into_vec_as::<i64>().expect("i64 data")
+}
+
+/// `v` as a tensor of `shape` and `dtype`, on the device of `like`.
+fn like<B: Backend>(v: Vec<f32>, shape: Vec<usize>, dtype: DType, like: &FloatTensor<B>) -> FloatTensor<B> {
+    B::float_from_data(TensorData::new(v, shape).convert_dtype(dtype), &like.device())
+}
+
+fn staged_fwd<B: Backend>(
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    v: FloatTensor<B>,
+    starts: IntTensor<B>,
+    spec: CpSpec,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let (n, dtype, dev) = (Dims::of(&q.shape(), &k.shape()), q.dtype(), q.clone());
+    let scale = 1.0 / (n.d as f32).sqrt();
+    let (o, lse) = forward_host(&host_f32::<B>(q), &host_f32::<B>(k), &host_f32::<B>(v), &host_i64::<B>(starts), n, &spec, scale);
+    (like::<B>(o, vec![n.b, n.h, n.t, n.d], dtype, &dev), like::<B>(lse, vec![n.b, n.h, n.t], DType::F32, &dev))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn staged_bwd<B: Backend>(
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    v: FloatTensor<B>,
+    starts: IntTensor<B>,
+    o: FloatTensor<B>,
+    lse: FloatTensor<B>,
+    d_o: FloatTensor<B>,
+    spec: CpSpec,
+) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+    let (n, dtype, dev) = (Dims::of(&q.shape(), &k.shape()), q.dtype(), q.clone());
+    let scale = 1.0 / (n.d as f32).sqrt();
+    let (dq, dk, dv) = backward_host(
+        &host_f32::<B>(q),
+        &host_f32::<B>(k),
+        &host_f32::<B>(v),
+        &host_i64::<B>(starts),
+        &host_f32::<B>(o),
+        &host_f32::<B>(lse),
+        &host_f32::<B>(d_o),
+        n,
+        &spec,
+        scale,
+    );
+    let kv = vec![n.b, n.kv, n.tk, n.d];
+    (like::<B>(dq, vec![n.b, n.h, n.t, n.d], dtype, &dev), like::<B>(dk, kv.clone(), dtype, &dev), like::<B>(dv, kv, dtype, &dev))
 }
 
 #[derive(Debug)]

@@ -20,7 +20,6 @@ use burn::backend::autodiff::{
     ops::{Backward, Ops, OpsKind},
     Autodiff,
 };
-use burn::backend::ops::{FloatTensorOps, IntTensorOps};
 use burn::backend::{backend_extension, tensor::FloatTensor, tensor::IntTensor, Backend, Dispatch, Flex, TensorMetadata};
 use burn::prelude::*;
 use burn::tensor::{read_sync, DType};
@@ -38,41 +37,50 @@ pub fn take_all_to_all_seconds() -> f64 {
     A2A_SECONDS.with(|s| s.replace(0.0))
 }
 
-#[backend_extension(Flex, Autodiff)]
+/// On every device the rows are staged through host memory (read, the communicator's
+/// all-to-all, written back to the tensor's device in its own type); the Fusion backend runs it
+/// eagerly (the default body), in program order with the other collectives.
+#[backend_extension(Flex, Autodiff, Cube: cfg(feature = "cube"), Fusion: cfg(feature = "cube"))]
 pub trait ExpertAllToAllOps: Backend {
     /// Rows of `x: [Σ send, D]` to the group's ranks (`send[j]` rows to rank `j`, in order);
     /// returns the `recv[i]` rows from each rank `i`, in rank order. The gradient is the same
     /// exchange back (`recv` and `send` swapped).
-    fn expert_all_to_all(x: FloatTensor<Self>, send: IntTensor<Self>, recv: IntTensor<Self>, group: u64) -> FloatTensor<Self>;
+    #[fusion(default)]
+    fn expert_all_to_all(x: FloatTensor<Self>, send: IntTensor<Self>, recv: IntTensor<Self>, group: u64) -> FloatTensor<Self> {
+        staged_all_to_all::<Self>(x, send, recv, group)
+    }
 }
 
-fn host_ints(t: IntTensor<Flex>) -> Vec<usize> {
-    let data = read_sync(Flex::int_into_data(t)).expect("reading a flex tensor");
+impl ExpertAllToAllOps for Flex {}
+
+#[cfg(feature = "cube")]
+impl ExpertAllToAllOps for burn_cubecl::CubeBackend {}
+
+fn host_ints<B: Backend>(t: IntTensor<B>) -> Vec<usize> {
+    let data = read_sync(B::int_into_data(t)).expect("reading the expert row counts");
     data.convert_dtype(DType::I64).try_into_vec_as::<i64>().expect("i64 data").into_iter().map(|v| v as usize).collect()
 }
 
-impl ExpertAllToAllOps for Flex {
-    fn expert_all_to_all(x: FloatTensor<Self>, send: IntTensor<Self>, recv: IntTensor<Self>, group: u64) -> FloatTensor<Self> {
-        let (dtype, device, shape) = (x.dtype(), x.device(), x.shape().to_vec());
-        let d = shape[1];
-        let data = read_sync(Flex::float_into_data(x)).expect("reading a flex tensor");
-        let data = data.convert_dtype(DType::F32).try_into_vec_as::<f32>().expect("f32 data");
-        let (send, recv) = (host_ints(send), host_ints(recv));
-        let mut parts = Vec::with_capacity(send.len());
-        let mut at = 0;
-        for &s in &send {
-            parts.push(data[at * d..(at + s) * d].to_vec());
-            at += s;
-        }
-        let start = Instant::now();
-        let got = with_group(group, |c| c.all_to_all(&parts)).unwrap_or_else(|e| panic!("{e}"));
-        A2A_SECONDS.with(|s| s.set(s.get() + start.elapsed().as_secs_f64()));
-        for (i, (g, &r)) in got.iter().zip(&recv).enumerate() {
-            assert_eq!(g.len(), r * d, "expert all-to-all: rank {i} sent {} rows, the counts said {r}", g.len() / d.max(1));
-        }
-        let rows: usize = recv.iter().sum();
-        Flex::float_from_data(TensorData::new(got.concat(), [rows, d]).convert_dtype(dtype), &device)
+fn staged_all_to_all<B: Backend>(x: FloatTensor<B>, send: IntTensor<B>, recv: IntTensor<B>, group: u64) -> FloatTensor<B> {
+    let (dtype, device, shape) = (x.dtype(), x.device(), x.shape().to_vec());
+    let d = shape[1];
+    let data = read_sync(B::float_into_data(x)).expect("reading the rows of an expert all-to-all");
+    let data = data.convert_dtype(DType::F32).try_into_vec_as::<f32>().expect("f32 data");
+    let (send, recv) = (host_ints::<B>(send), host_ints::<B>(recv));
+    let mut parts = Vec::with_capacity(send.len());
+    let mut at = 0;
+    for &s in &send {
+        parts.push(data[at * d..(at + s) * d].to_vec());
+        at += s;
     }
+    let start = Instant::now();
+    let got = with_group(group, |c| c.all_to_all(&parts)).unwrap_or_else(|e| panic!("{e}"));
+    A2A_SECONDS.with(|s| s.set(s.get() + start.elapsed().as_secs_f64()));
+    for (i, (g, &r)) in got.iter().zip(&recv).enumerate() {
+        assert_eq!(g.len(), r * d, "expert all-to-all: rank {i} sent {} rows, the counts said {r}", g.len() / d.max(1));
+    }
+    let rows: usize = recv.iter().sum();
+    B::float_from_data(TensorData::new(got.concat(), [rows, d]).convert_dtype(dtype), &device)
 }
 
 #[derive(Debug)]

@@ -82,25 +82,13 @@ pub fn validate(c: &JobConfig) -> Result<()> {
         ));
     }
     let p = &c.parallelism;
-    let cp = p.context_parallel_degree.max(1);
     if t.device_index < -1 {
         e.push(format!("`training.device_index` = {} must be an adapter index, or -1 for one GPU per rank", t.device_index));
-    }
-    if cp > 1 && t.device.is_gpu() {
-        e.push(format!(
-            "`parallelism.context_parallel_degree` = {cp} runs on the CPU device (its ring attention uses the CPU communicators); set `training.device` = \"cpu\" or the degree to 1"
-        ));
     }
     if t.mixed_precision_param.is_half() && p.tensor_parallel_degree > 1 {
         e.push(format!(
             "`training.mixed_precision_param` = {:?} with `parallelism.tensor_parallel_degree` = {} is not supported yet (the TP activation collectives move float32); use \"float32\" with TP, or mixed precision with data and pipeline parallelism",
             t.mixed_precision_param, p.tensor_parallel_degree
-        ));
-    }
-    if p.expert_parallel_degree > 1 && t.device.is_gpu() {
-        e.push(format!(
-            "`parallelism.expert_parallel_degree` = {} runs on the CPU device (its token all-to-all uses the CPU communicators); set `training.device` = \"cpu\" or the degree to 1",
-            p.expert_parallel_degree
         ));
     }
     if p.fsdp_reshard_after_forward == ReshardAfterForward::Always {
