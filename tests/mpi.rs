@@ -115,3 +115,34 @@ fn sharded_checkpoints_of_mpi_processes_resume_and_reshard() {
     assert_ok(&run(&with(&moved, &["--parallelism.data_parallel_shard_degree", "1", "--training.local_batch_size", "8"], &ck), &[]));
     assert_matches("mpi fsdp2×tp2 to one rank", &metric_values(&single), &metric_values(&moved), 1e-5);
 }
+
+/// GPU ranks as MPI processes (each its own process on the software adapter, collectives staged
+/// through host memory into MPI): FSDP 2 × TP 2 equals the same layout as threads step for step
+/// (1e-5 relative: two processes' GPU kernels against one process's), and a GPU rank's process
+/// killed with SIGKILL mid-step ends the whole job promptly, mpirun naming that rank.
+#[cfg(feature = "wgpu")]
+#[test]
+fn gpu_ranks_under_mpirun_train_and_a_killed_one_ends_the_job() {
+    let d = tempfile::tempdir().unwrap();
+    let layout = [
+        "--training.device", "wgpu", "--model.attention", "fused", "--parallelism.data_parallel_shard_degree", "2",
+        "--parallelism.tensor_parallel_degree", "2", "--training.local_batch_size", "2",
+    ];
+    let threads = d.path().join("threads");
+    assert_ok(&run(&tiny_args(&threads, 3), &layout));
+    let procs = d.path().join("mpi");
+    let args = tiny_args(&procs, 3);
+    let all: Vec<&str> = args.iter().map(String::as_str).chain(layout.iter().copied()).collect();
+    assert_ok(&mpirun(4, &all));
+    assert_matches("FSDP 2 x TP 2 on wgpu: mpirun vs threads", &metric_values(&threads), &metric_values(&procs), 1e-5);
+
+    let t = std::time::Instant::now();
+    let killed = tiny_args(&d.path().join("killed"), 4);
+    let mut all: Vec<&str> = killed.iter().map(String::as_str).chain(layout.iter().copied()).collect();
+    all.extend_from_slice(&["--debug.fail_at_steps", "[2]", "--debug.fail_rank", "3", "--debug.fail_mode", "kill", "--comm.timeout_seconds", "30"]);
+    let o = mpirun(4, &all);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(t.elapsed().as_secs() < 60, "took {:?}", t.elapsed());
+    assert!(err.contains("rank 3"), "the report lacks the killed rank:\n{err}");
+}

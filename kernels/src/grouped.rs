@@ -196,7 +196,7 @@ impl<B: Backend + GroupedOps, C: CheckpointStrategy> GroupedOps for Autodiff<B, 
 pub fn grouped_matmul(x: Tensor<2>, w: Tensor<3>, sizes: &[usize], fused: bool) -> Tensor<2> {
     let device = x.device();
     if fused && crate::has_kernels(&device) {
-        let s = Tensor::<1, Int>::from_data(TensorData::new(sizes.iter().map(|&v| v as i64).collect(), [sizes.len()]), &device);
+        let s = crate::transfer::to_device::<1, Int>(TensorData::new(sizes.iter().map(|&v| v as i64).collect(), [sizes.len()]), &device);
         return Tensor::from_dispatch(Dispatch::grouped_mm(x.into_dispatch(), w.into_dispatch(), s.into_dispatch()));
     }
     reference(x, w, sizes)

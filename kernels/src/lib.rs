@@ -15,6 +15,7 @@
 
 pub mod attention;
 pub mod aux_loss;
+pub mod choice;
 #[cfg(feature = "cube")]
 pub mod cube;
 pub mod grouped;
@@ -22,6 +23,7 @@ pub mod host;
 pub mod ops;
 pub mod reference;
 pub mod trace_mark;
+pub mod transfer;
 
 pub use attention::{block_causal_attention, causal_attention};
 pub use aux_loss::attach_aux_loss;
@@ -67,14 +69,46 @@ pub fn silu_mul<const D: usize>(gate: Tensor<D>, up: Tensor<D>, fused: bool) -> 
 /// Causal attention (`starts: None`) or block-causal attention over packed documents (query `i`
 /// of batch row `b` sees keys `starts[b, i] ..= i`), `q: [B, H, T, D]`, `k, v: [B, KV, T, D]`:
 /// the fused kernel where the device has one, else Burn's composed ops.
+///
+/// On GPU devices with [`choice::measuring`] on, "fused" means "the faster of the two", measured
+/// once per shape and device ([`choice::prefer_fused`]).
 pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, starts: Option<Tensor<2, Int>>, fused: bool) -> Tensor<4> {
-    if fused && has_kernels(&q.device()) {
+    let device = q.device();
+    let fused = fused
+        && has_kernels(&device)
+        && (!on_cube(&device) || !choice::measuring() || prefer_fused_attention(&q, &k, starts.as_ref()));
+    if fused {
         return match starts {
             Some(s) => block_causal_attention(q, k, v, s),
             None => causal_attention(q, k, v),
         };
     }
     reference::attention(q, k, v, starts)
+}
+
+/// Times one forward and backward of each attention path at the shapes of `q`, `k` (and
+/// `starts`' mask) on fresh random inputs; see [`choice::prefer_fused`]. Forward-only calls (a
+/// checkpointed block's first pass) share the choice of the training pass, so a recomputation
+/// always runs the kernel its forward ran.
+fn prefer_fused_attention(q: &Tensor<4>, k: &Tensor<4>, starts: Option<&Tensor<2, Int>>) -> bool {
+    let (qd, kd, dtype) = (q.dims(), k.dims(), q.dtype());
+    let device = q.device().without_autodiff();
+    let kernel = if starts.is_some() { "block-causal attention" } else { "causal attention" };
+    let shape = [qd.to_vec(), kd.to_vec()].concat();
+    choice::prefer_fused(kernel, shape, &device, |fused| {
+        let train = device.clone().autodiff();
+        let normal = burn::tensor::Distribution::Normal(0.0, 1.0);
+        let make = |d: [usize; 4]| Tensor::<4>::random(d, normal, &train).cast(dtype).detach().require_grad();
+        let (q, k, v) = (make(qd), make(kd), make(kd));
+        let s = starts.map(|s| s.clone().to_device(&train));
+        let o = match (fused, s) {
+            (true, Some(s)) => block_causal_attention(q.clone(), k, v, s),
+            (true, None) => causal_attention(q.clone(), k, v),
+            (false, s) => reference::attention(q.clone(), k, v, s),
+        };
+        let g = o.sum().backward();
+        let _ = q.grad(&g).map(|g| g.sum().into_scalar::<f32>());
+    })
 }
 
 /// Rotate-half RoPE of `x: [B, H, T, D]` with tables `[1, 1, T, D]` (one position per column,
@@ -122,6 +156,39 @@ pub fn sum_squares<const D: usize>(x: Tensor<D>) -> f64 {
     }
     let s: f32 = x.square().sum().into_scalar();
     s as f64
+}
+
+/// A squared L2 norm being computed: on the CPU already summed on the host (as
+/// [`sum_squares`]), on GPU devices a one-element tensor still on the device.
+pub enum SumSquares {
+    Host(f64),
+    Device(Tensor<1>),
+}
+
+/// Starts `Σ x²` of `x` (see [`SumSquares`]); [`resolve_sum_squares`] finishes many at once.
+/// `x` is not flattened first: on burn's wgpu backend (fusion on), `reshape([n])` followed by
+/// `square().sum()` gave wrong sums for some gradients (moe_debug's step-1 gradient norm 1.25
+/// instead of 1.66), while the sum over the unreshaped tensor is right.
+pub fn start_sum_squares<const D: usize>(x: Tensor<D>) -> SumSquares {
+    if on_cube(&x.device()) {
+        SumSquares::Device(x.square().sum())
+    } else {
+        SumSquares::Host(sum_squares(x))
+    }
+}
+
+/// The values of `sums`, in order: the device ones read back together in one transfer of
+/// `4 · n` bytes (one wait per call, not one per tensor: the gradient norm's squares).
+pub fn resolve_sum_squares(sums: Vec<SumSquares>) -> Vec<f64> {
+    let on_device: Vec<Tensor<1>> =
+        sums.iter().filter_map(|s| if let SumSquares::Device(t) = s { Some(t.clone()) } else { None }).collect();
+    let mut read = if on_device.is_empty() { Vec::new() } else { transfer::to_host_f32(Tensor::cat(on_device, 0)) }.into_iter();
+    sums.into_iter()
+        .map(|s| match s {
+            SumSquares::Host(v) => v,
+            SumSquares::Device(_) => read.next().expect("one value per device sum") as f64,
+        })
+        .collect()
 }
 
 /// Cross-entropy summed over positions (`logits: [B, T, V]`, `targets: [B, T]`).

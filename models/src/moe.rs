@@ -161,10 +161,10 @@ impl MoE {
         let aux = (training && self.cfg.aux_loss_alpha > 0.0).then(|| self.balance_loss(scores.clone(), &route, b, t));
         if training {
             // Training passes only (a checkpointed block counts in its recomputation).
-            let value = aux.as_ref().map_or(0.0, |(l, scale)| l.clone().into_scalar::<f32>() as f64 * scale);
+            let value = aux.as_ref().map_or(0.0, |(l, scale)| titan_kernels::transfer::scalar(l.clone().reshape([1])) as f64 * scale);
             self.load.add(&route.counts, value);
         }
-        let ints = |v: &[usize]| Tensor::<1, Int>::from_data(TensorData::new(v.iter().map(|&i| i as i64).collect(), [v.len()]), &device);
+        let ints = |v: &[usize]| titan_kernels::transfer::to_device::<1, Int>(TensorData::new(v.iter().map(|&i| i as i64).collect(), [v.len()]), &device);
         let chosen = ints(&route.experts).reshape([n, k]);
         let mut weights = scores.gather(1, chosen);
         if self.cfg.route_norm {
@@ -199,7 +199,7 @@ impl MoE {
         for (slot, &expert) in route.experts.iter().enumerate() {
             f[(slot / k / t) * e + expert] += e as f32 / (k * t) as f32;
         }
-        let f = Tensor::<2>::from_data(TensorData::new(f, [b, e]), &p.device());
+        let f = titan_kernels::transfer::to_device::<2, Float>(TensorData::new(f, [b, e]), &p.device());
         let loss = (p * f).sum().mul_scalar(self.cfg.aux_loss_alpha);
         let tokens = OBJECTIVE_TOKENS.with(|c| c.get()).max(1);
         (loss, t as f64 / tokens as f64)
@@ -242,7 +242,7 @@ fn bias_param(path: &str, e: usize, device: &Device) -> Param<Tensor<1>> {
 }
 
 fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
-    t.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 values")
+    titan_kernels::transfer::to_host_f32(t)
 }
 
 impl ScoreFunc {

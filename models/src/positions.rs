@@ -118,7 +118,7 @@ impl Positions {
         };
         let doc_starts = docs.map(|d| {
             assert_eq!(d.seq_len, seq_len, "documents of {}-token rows for a {seq_len}-token forward", d.seq_len);
-            Tensor::from_data(TensorData::new(d.starts.clone(), [d.batch, d.seq_len]), device)
+            titan_kernels::transfer::to_device(TensorData::new(d.starts.clone(), [d.batch, d.seq_len]), device)
         });
         Self { rope, doc_starts }
     }

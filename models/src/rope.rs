@@ -44,10 +44,27 @@ pub struct RopeTables {
 }
 
 impl RopeTables {
-    /// Tables for positions `0..len`.
+    /// Tables for positions `0..len`, built once per thread (rank) for each shape and device
+    /// and reused by every later forward: no host work and no upload per step.
     pub fn new(theta: f64, scaling: Option<&RopeScaling>, head_dim: usize, len: usize, device: &Device) -> Self {
+        type Key = (u64, String, usize, usize, Device);
+        thread_local! {
+            static CACHE: std::cell::RefCell<Vec<(Key, RopeTables)>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let key: Key = (theta.to_bits(), format!("{scaling:?}"), head_dim, len, device.clone());
+        if let Some(t) = CACHE.with(|c| c.borrow().iter().find(|(k, _)| *k == key).map(|(_, t)| t.clone())) {
+            return t;
+        }
         let positions: Vec<usize> = (0..len).collect();
-        Self::for_positions(theta, scaling, head_dim, &positions, 1, device)
+        let tables = Self::for_positions(theta, scaling, head_dim, &positions, 1, device);
+        CACHE.with(|c| {
+            let mut c = c.borrow_mut();
+            if c.len() == 4 {
+                c.remove(0);
+            }
+            c.push((key, tables.clone()));
+        });
+        tables
     }
 
     /// Tables for `positions` (`rows × T`, row-major): shape `[rows, 1, T, head_dim]`.
@@ -83,8 +100,8 @@ impl RopeTables {
         };
         let shape = [rows, 1, positions.len() / rows.max(1), head_dim];
         Self {
-            cos: Tensor::from_data(TensorData::new(gather(&cos_row), shape), device),
-            sin: Tensor::from_data(TensorData::new(gather(&sin_row), shape), device),
+            cos: titan_kernels::transfer::to_device(TensorData::new(gather(&cos_row), shape), device),
+            sin: titan_kernels::transfer::to_device(TensorData::new(gather(&sin_row), shape), device),
             fused: true,
         }
     }

@@ -34,7 +34,7 @@ use burn::backend::{
     AutodiffBackend, Backend, Dispatch, Flex, TensorMetadata,
 };
 use burn::prelude::*;
-use burn::tensor::{read_sync, DType};
+use burn::tensor::DType;
 use titan_kernels::attention::cpu::{self, Dims, Windows};
 use titan_models::hooks::{ActivationHooks, Hooks};
 
@@ -314,18 +314,18 @@ impl ContextAttentionOps for Flex {}
 impl ContextAttentionOps for burn_cubecl::CubeBackend {}
 
 fn host_f32<B: Backend>(t: FloatTensor<B>) -> Vec<f32> {
-    let data = read_sync(B::float_into_data(t)).expect("reading a tensor for context-parallel attention");
+    let data = titan_kernels::transfer::read_float::<B>(t);
     data.convert_dtype(DType::F32).try_into_vec_as::<f32>().expect("f32 data")
 }
 
 fn host_i64<B: Backend>(t: IntTensor<B>) -> Vec<i64> {
-    let data = read_sync(B::int_into_data(t)).expect("reading a tensor for context-parallel attention");
+    let data = titan_kernels::transfer::read_int::<B>(t);
     data.convert_dtype(DType::I64).try_into_vec_as::<i64>().expect("i64 data")
 }
 
 /// `v` as a tensor of `shape` and `dtype`, on the device of `like`.
 fn like<B: Backend>(v: Vec<f32>, shape: Vec<usize>, dtype: DType, like: &FloatTensor<B>) -> FloatTensor<B> {
-    B::float_from_data(TensorData::new(v, shape).convert_dtype(dtype), &like.device())
+    titan_kernels::transfer::write_float::<B>(TensorData::new(v, shape).convert_dtype(dtype), &like.device())
 }
 
 fn staged_fwd<B: Backend>(

@@ -22,7 +22,7 @@ use burn::backend::autodiff::{
 };
 use burn::backend::{backend_extension, tensor::FloatTensor, tensor::IntTensor, Backend, Dispatch, Flex, TensorMetadata};
 use burn::prelude::*;
-use burn::tensor::{read_sync, DType};
+use burn::tensor::DType;
 use std::cell::Cell;
 use std::time::Instant;
 use titan_models::hooks::{ActivationHooks, Hooks};
@@ -57,14 +57,14 @@ impl ExpertAllToAllOps for Flex {}
 impl ExpertAllToAllOps for burn_cubecl::CubeBackend {}
 
 fn host_ints<B: Backend>(t: IntTensor<B>) -> Vec<usize> {
-    let data = read_sync(B::int_into_data(t)).expect("reading the expert row counts");
+    let data = titan_kernels::transfer::read_int::<B>(t);
     data.convert_dtype(DType::I64).try_into_vec_as::<i64>().expect("i64 data").into_iter().map(|v| v as usize).collect()
 }
 
 fn staged_all_to_all<B: Backend>(x: FloatTensor<B>, send: IntTensor<B>, recv: IntTensor<B>, group: u64) -> FloatTensor<B> {
     let (dtype, device, shape) = (x.dtype(), x.device(), x.shape().to_vec());
     let d = shape[1];
-    let data = read_sync(B::float_into_data(x)).expect("reading the rows of an expert all-to-all");
+    let data = titan_kernels::transfer::read_float::<B>(x);
     let data = data.convert_dtype(DType::F32).try_into_vec_as::<f32>().expect("f32 data");
     let (send, recv) = (host_ints::<B>(send), host_ints::<B>(recv));
     let mut parts = Vec::with_capacity(send.len());
@@ -80,7 +80,7 @@ fn staged_all_to_all<B: Backend>(x: FloatTensor<B>, send: IntTensor<B>, recv: In
         assert_eq!(g.len(), r * d, "expert all-to-all: rank {i} sent {} rows, the counts said {r}", g.len() / d.max(1));
     }
     let rows: usize = recv.iter().sum();
-    B::float_from_data(TensorData::new(got.concat(), [rows, d]).convert_dtype(dtype), &device)
+    titan_kernels::transfer::write_float::<B>(TensorData::new(got.concat(), [rows, d]).convert_dtype(dtype), &device)
 }
 
 #[derive(Debug)]
@@ -116,7 +116,7 @@ impl<B: Backend + ExpertAllToAllOps, C: CheckpointStrategy> ExpertAllToAllOps fo
 /// [`ExpertAllToAllOps::expert_all_to_all`] on Burn tensors.
 pub fn all_to_all_rows(x: Tensor<2>, send: &[usize], recv: &[usize], group: &GroupHandle) -> Tensor<2> {
     let device = x.device();
-    let ints = |v: &[usize]| Tensor::<1, Int>::from_data(TensorData::new(v.iter().map(|&c| c as i64).collect(), [v.len()]), &device);
+    let ints = |v: &[usize]| titan_kernels::transfer::to_device::<1, Int>(TensorData::new(v.iter().map(|&c| c as i64).collect(), [v.len()]), &device);
     Tensor::from_dispatch(Dispatch::expert_all_to_all(
         x.into_dispatch(),
         ints(send).into_dispatch(),
@@ -205,7 +205,7 @@ impl ActivationHooks for ExpertParallelHooks {
         assert!(counts.len() % n == 0, "{} experts do not split over {n} expert-parallel ranks", counts.len());
         let route = ExpertRoute { counts: gather_counts(counts, &self.group), per_rank: counts.len() / n, rank };
         let device = xs.device();
-        let ints = |v: Vec<usize>| Tensor::<1, Int>::from_data(TensorData::new(v.iter().map(|&i| i as i64).collect(), [v.len()]), &device);
+        let ints = |v: Vec<usize>| titan_kernels::transfer::to_device::<1, Int>(TensorData::new(v.iter().map(|&i| i as i64).collect(), [v.len()]), &device);
         let (send, recv) = (route.send(), route.recv());
         let arrived = all_to_all_rows(xs, &send, &recv, &self.group);
         let order = route.regroup();

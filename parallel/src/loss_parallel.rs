@@ -20,9 +20,9 @@ pub fn vocab_parallel_cross_entropy_sum(logits: Tensor<3>, targets: Tensor<2, In
     let logits = logits.reshape([n, v]);
     let device = logits.device();
     let mut max: Vec<f32> =
-        logits.clone().detach().max_dim(1).into_data().convert::<f32>().try_into_vec().expect("f32 logits");
+        titan_kernels::transfer::to_host_f32(logits.clone().detach().max_dim(1));
     with_group(g.id(), |c| c.all_reduce(&mut max, ReduceOp::Max)).unwrap_or_else(|e| panic!("{e}"));
-    let z = logits - Tensor::<2>::from_data(TensorData::new(max, [n, 1]), &device);
+    let z = logits - titan_kernels::transfer::to_device::<2, Float>(TensorData::new(max, [n, 1]), &device);
     let sum_exp = reduce_from_group(z.clone().exp().sum_dim(1), g);
     let local = targets.reshape([n, 1]).sub_scalar((g.rank() * v) as i64);
     let mine = local.clone().greater_equal_elem(0).bool_and(local.clone().lower_elem(v as i64));

@@ -5,15 +5,15 @@
 use super::host::{self, Prim};
 use crate::registry::with_group;
 use burn::backend::{tensor::FloatTensor, Backend, TensorMetadata};
-use burn::tensor::{read_sync, DType, TensorData};
+use burn::tensor::{DType, TensorData};
 
 pub fn run<B: Backend>(x: FloatTensor<B>, prim: Prim, dim: usize, group: u64) -> FloatTensor<B> {
     if prim == Prim::Identity {
         return x;
     }
     let (dtype, device, shape) = (x.dtype(), x.device(), x.shape().to_vec());
-    let data = read_sync(B::float_into_data(x)).expect("reading a tensor for a collective");
+    let data = titan_kernels::transfer::read_float::<B>(x);
     let data = data.convert_dtype(DType::F32).try_into_vec_as::<f32>().expect("f32 data");
     let (out, out_shape) = with_group(group, |c| host::run(prim, data, &shape, dim, c));
-    B::float_from_data(TensorData::new(out, out_shape).convert_dtype(dtype), &device)
+    titan_kernels::transfer::write_float::<B>(TensorData::new(out, out_shape).convert_dtype(dtype), &device)
 }

@@ -215,6 +215,10 @@ pub(crate) enum BenchKind {
         iters: usize,
         #[arg(long, default_value_t = 120.0)]
         timeout_seconds: f64,
+        /// Where each rank's buffers live: `cpu`, or a GPU device (`wgpu`, `vulkan`, `cuda`),
+        /// one GPU per rank, each call staged through host memory as training stages it.
+        #[arg(long = "training.device", default_value = "cpu")]
+        device: titan_rs::config::DeviceKind,
         /// Inject a fault on rank 1 first (tests that failures end every rank promptly).
         #[arg(long, value_enum, hide = true)]
         inject_fault: Option<titan_rs::commands::bench::comm::Fault>,

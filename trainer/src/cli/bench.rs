@@ -9,23 +9,23 @@ use titan_rs::commands::bench::{comm as bench_comm, kernels as bench_kernels, tr
 /// Runs the benchmark `kind` names.
 pub(crate) fn run(kind: BenchKind) -> Result<()> {
     match kind {
-        BenchKind::Comm { nproc, max_mib, iters, timeout_seconds, inject_fault } => {
+        BenchKind::Comm { nproc, max_mib, iters, timeout_seconds, device, inject_fault } => {
             let timeout = std::time::Duration::from_secs_f64(timeout_seconds);
             if titan_parallel::under_mpi_launcher() {
                 #[cfg(feature = "mpi")]
                 {
                     let (rank, size, rows) =
-                        bench_comm::bench_comm_mpi(max_mib << 20, iters.max(1), timeout, inject_fault)?;
+                        bench_comm::bench_comm_mpi(max_mib << 20, iters.max(1), timeout, inject_fault, device)?;
                     if rank == 0 {
-                        bench_comm::print_table(&rows, size, "mpi (one rank per process)");
+                        bench_comm::print_table(&rows, size, "mpi (one rank per process)", device);
                     }
                     return Ok(());
                 }
                 #[cfg(not(feature = "mpi"))]
                 anyhow::bail!("started by an MPI launcher, but this titan-rs was built without MPI; rebuild with `cargo build --release -p titan-rs --features mpi` (needs Debian's openmpi-bin libopenmpi-dev libclang-dev)");
             }
-            let rows = bench_comm::bench_comm(nproc, max_mib << 20, iters.max(1), timeout, inject_fault)?;
-            bench_comm::print_table(&rows, nproc, "local (threads)");
+            let rows = bench_comm::bench_comm(nproc, max_mib << 20, iters.max(1), timeout, inject_fault, device)?;
+            bench_comm::print_table(&rows, nproc, "local (threads)", device);
         }
         BenchKind::Kernels { mut iters, mut peak_gbs, mut peak_tflops, mut json, config } => {
             let (cfg, flags) = config.load_with_flags(&["iters", "peak-gbs", "peak-tflops", "json"])?;

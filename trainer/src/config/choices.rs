@@ -42,13 +42,26 @@ choice!(
 );
 
 choice!(
-    /// `model.attention`, `model.kernels`: titan-rs's fused kernels or Burn's composed ops.
+    /// `model.kernels`: titan-rs's fused kernels or Burn's composed ops.
     KernelChoice { Fused = "fused", Reference = "reference" }
 );
 
 impl KernelChoice {
     pub fn is_fused(self) -> bool {
         self == KernelChoice::Fused
+    }
+}
+
+choice!(
+    /// `model.attention`: `auto` — titan-rs's fused kernel on the CPU, on GPU devices the faster of
+    /// it and Burn's attention, measured per shape at first use; `fused`; `reference` (Burn's).
+    AttentionChoice { Auto = "auto", Fused = "fused", Reference = "reference" }
+);
+
+impl AttentionChoice {
+    /// Whether titan-rs's kernel may run (`auto` or `fused`); Burn's otherwise.
+    pub fn is_fused(self) -> bool {
+        self != AttentionChoice::Reference
     }
 }
 

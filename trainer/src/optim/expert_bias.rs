@@ -63,7 +63,7 @@ pub fn balance(model: RankModel, rank: &RankContext, device: &Device) -> Result<
         let aux_loss = all[at + n] as f64;
         at += n + 1;
         if coeff > 0.0 {
-            let current = bias.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 bias");
+            let current = titan_kernels::transfer::to_host_f32(bias);
             let shape = vec![current.len()];
             biases.insert(path, HostTensor { shape, data: bias_update(&current, &tokens, coeff) });
         }

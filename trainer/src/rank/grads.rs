@@ -24,23 +24,26 @@ pub fn accumulate<M: Module>(model: &M, acc: &mut GradientsParams, mut new: Grad
     model.visit(&mut Add { acc, new: &mut new });
 }
 
-/// Squared L2 norm of every gradient, by parameter, in the model's parameter order (f64 on the
-/// host, so sums of them are deterministic and exact enough for clipping).
+/// Squared L2 norm of every gradient, by parameter, in the model's parameter order (f64 sums on
+/// the host on the CPU, deterministic and exact enough for clipping; on GPU devices summed there
+/// and read back together, one small transfer per step).
 pub fn squared_norms<M: Module>(model: &M, grads: &GradientsParams) -> Vec<(ParamId, f64)> {
     struct Sq<'a> {
         grads: &'a GradientsParams,
-        out: Vec<(ParamId, f64)>,
+        ids: Vec<ParamId>,
+        sums: Vec<titan_kernels::SumSquares>,
     }
     impl ModuleVisitor for Sq<'_> {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
             if let Some(g) = self.grads.get::<D>(p.id) {
-                self.out.push((p.id, titan_kernels::sum_squares(g)));
+                self.ids.push(p.id);
+                self.sums.push(titan_kernels::start_sum_squares(g));
             }
         }
     }
-    let mut v = Sq { grads, out: Vec::new() };
+    let mut v = Sq { grads, ids: Vec::new(), sums: Vec::new() };
     model.visit(&mut v);
-    v.out
+    v.ids.into_iter().zip(titan_kernels::resolve_sum_squares(v.sums)).collect()
 }
 
 /// The factor that scales the gradient to `max_norm` (1 when within it or clipping is off),

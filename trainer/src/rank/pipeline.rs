@@ -25,7 +25,7 @@ use titan_parallel::{CommExt, Communicator};
 
 /// Token ids `v` as a `[b, t]` tensor.
 pub fn to_tensor_2d(v: &[i64], b: usize, t: usize, device: &Device) -> Tensor<2, Int> {
-    Tensor::from_data(TensorData::new(v.to_vec(), [b, t]), device)
+    titan_kernels::transfer::to_device(TensorData::new(v.to_vec(), [b, t]), device)
 }
 
 /// Where this rank sits in the pipeline, and how it runs a step.
@@ -205,13 +205,13 @@ impl Wire<'_> {
                 .arg("peer", peer)
                 .arg("stage", stage);
         self.comm().recv(&mut buf, peer, self.tag(stage, microbatch, backward))?;
-        Ok(Tensor::from_data(TensorData::new(buf, self.hidden), self.device))
+        Ok(titan_kernels::transfer::to_device(TensorData::new(buf, self.hidden), self.device))
     }
 
     /// Sends `x` to the rank of `stage` (activations for its input, or with `backward` the
     /// gradient of its output).
     fn send(&self, x: Tensor<3>, stage: usize, microbatch: usize, backward: bool) -> Result<()> {
-        let data = x.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 hidden states");
+        let data = titan_kernels::transfer::to_host_f32(x);
         let peer = self.layout.split.rank_of_stage(stage);
         let _span =
             titan_profiling::span_with(|| format!("pp.send {} mb {microbatch}", direction(backward)), "pipeline")
@@ -277,7 +277,7 @@ pub fn run_schedule(
                     if io.inject_nan {
                         loss = loss.mul_scalar(f64::NAN);
                     }
-                    loss_sum += loss.clone().into_scalar::<f32>() as f64;
+                    loss_sum += titan_kernels::transfer::scalar(loss.clone()) as f64;
                     saved.insert((stage, m), Saved::Loss(x, loss, tape));
                 } else {
                     wire.send(y.clone(), stage + 1, m, false)?;
@@ -336,7 +336,7 @@ pub fn forward_only(
         };
         let y = model.chunks[c].forward_stage(input, t, docs);
         if stage == stages - 1 {
-            loss = placement.loss(y, to_tensor_2d(&batch.targets, b, t, device)).into_scalar::<f32>() as f64;
+            loss = titan_kernels::transfer::scalar(placement.loss(y, to_tensor_2d(&batch.targets, b, t, device))) as f64;
         } else {
             wire.send(y, stage + 1, 0, false)?;
         }

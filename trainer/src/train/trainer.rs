@@ -2,7 +2,7 @@
 //! step, validation, checkpoint.
 
 use crate::checkpoint::{Checkpointer, TrainingState};
-use crate::config::{DeviceKind, FailMode, JobConfig, MaskType, Precision};
+use crate::config::{AttentionChoice, DeviceKind, FailMode, JobConfig, MaskType, Precision};
 use crate::metrics::StepStats;
 use crate::optim::LrSchedule;
 use crate::optim::{AdamW, AdamWConfig};
@@ -104,6 +104,7 @@ impl Trainer {
         let args = cfg.model_args().map_err(|e| anyhow!(e))?;
         let local_rank = titan_parallel::launcher::local_rank(rank.world_rank);
         let mut device = crate::device::select(cfg.training.device, cfg.training.device_index(), local_rank)?.autodiff();
+        titan_kernels::choice::set_measure_on_gpu(cfg.model.attention == AttentionChoice::Auto);
         if cfg.activation_checkpoint.policy() == Ok(Checkpointing::Ops) {
             // Op-level selective AC: Burn's balanced strategy recomputes the memory-bound ops.
             device = device.gradient_checkpointing();

@@ -1,8 +1,13 @@
 //! `titan-rs bench comm`: every collective of the communicator from 1 KiB to 64 MiB, each result
 //! checked against the expected values as it goes, with times and bandwidths (nccl-tests style:
-//! `algbw` = bytes / time, `busbw` scales it by what each algorithm must move).
+//! `algbw` = bytes / time, `busbw` scales it by what each algorithm must move). With
+//! `--training.device wgpu` each rank holds its buffers on its GPU and every call is staged as
+//! training stages it: device → host, the collective, host → device; the table adds the share
+//! of the time spent copying.
 
+use crate::config::DeviceKind;
 use anyhow::{bail, Result};
+use burn::prelude::*;
 use std::time::{Duration, Instant};
 use titan_parallel::{run_ranks_or_exit, CommExt, Communicator, ReduceOp};
 
@@ -13,6 +18,8 @@ pub struct Row {
     pub seconds: f64,
     pub algbw_gbs: f64,
     pub busbw_gbs: f64,
+    /// Share of the time spent copying device → host → device (0 on the CPU).
+    pub copy_share: f64,
 }
 
 pub const OPS: &[&str] = &["all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "all_to_all"];
@@ -29,58 +36,109 @@ fn check(op: &str, bytes: usize, got: &[f32], want: impl Fn(usize) -> f32) -> Re
     Ok(())
 }
 
-/// One collective `iters` times on `n` f32 per rank; checks the last result; returns seconds per call.
-fn run_op(c: &dyn Communicator, op: &str, n: usize, iters: usize) -> Result<f64> {
+/// This rank's input to `op` with `n` f32 per rank.
+fn input(op: &str, r: usize, n: usize, size: usize) -> Vec<f32> {
+    let len = if op == "reduce_scatter" { n * size } else { n };
+    if op == "broadcast" && r != 0 {
+        return vec![0f32; n];
+    }
+    (0..len).map(|i| value(r, i)).collect()
+}
+
+/// Elements of `n` each rank sends rank `j` in the all-to-all (the last takes the remainder).
+fn cut(n: usize, size: usize, j: usize) -> usize {
+    j * n / size
+}
+
+/// Runs `op` on `x`; the result as one flat buffer.
+fn collective(c: &dyn Communicator, op: &str, x: Vec<f32>, n: usize) -> Result<Vec<f32>> {
     let (r, size) = (c.rank(), c.size());
-    let mine: Vec<f32> = (0..n).map(|i| value(r, i)).collect();
+    Ok(match op {
+        "all_reduce" | "broadcast" => {
+            let mut buf = x;
+            if op == "all_reduce" {
+                c.all_reduce(&mut buf, ReduceOp::Sum)?;
+            } else {
+                c.broadcast(&mut buf, 0)?;
+            }
+            buf
+        }
+        "all_gather" => {
+            let mut out = vec![0f32; n * size];
+            c.all_gather(&x, &mut out)?;
+            out
+        }
+        "reduce_scatter" => {
+            let mut out = vec![0f32; n];
+            c.reduce_scatter(&x, &mut out, ReduceOp::Sum)?;
+            out
+        }
+        "send_recv" => {
+            // Ring: send to the next rank, receive from the previous one.
+            c.send(&x, (r + 1) % size, 0)?;
+            let mut got = vec![0f32; n];
+            c.recv(&mut got, (r + size - 1) % size, 0)?;
+            got
+        }
+        "all_to_all" => {
+            let parts: Vec<Vec<f32>> = (0..size).map(|j| x[cut(n, size, j)..cut(n, size, j + 1)].to_vec()).collect();
+            c.all_to_all(&parts)?.concat()
+        }
+        _ => bail!("unknown collective {op}"),
+    })
+}
+
+/// What element `i` of `op`'s result must be on rank `r`.
+fn expected(op: &str, r: usize, n: usize, size: usize, i: usize) -> f32 {
+    match op {
+        "all_reduce" => (0..size).map(|s| value(s, i)).sum(),
+        "all_gather" => value(i / n, i % n),
+        "reduce_scatter" => (0..size).map(|s| value(s, r * n + i)).sum(),
+        "broadcast" => value(0, i),
+        "send_recv" => value((r + size - 1) % size, i),
+        // Every rank sends this one its slice `cut(r)..cut(r + 1)`, the same length from each.
+        _ => {
+            let l = (cut(n, size, r + 1) - cut(n, size, r)).max(1);
+            value(i / l, cut(n, size, r) + i % l)
+        }
+    }
+}
+
+/// One collective `iters` times on `n` f32 per rank, staged through host memory from and back to
+/// `device` when one is given; checks the last result. Returns the best call's seconds and the
+/// share of it spent copying between the device and the host.
+fn run_op(c: &dyn Communicator, op: &str, n: usize, iters: usize, device: Option<&Device>) -> Result<(f64, f64)> {
+    let (r, size) = (c.rank(), c.size());
+    let host_in = input(op, r, n, size);
+    let dev_in = device.map(|d| Tensor::<1>::from_data(TensorData::new(host_in.clone(), [host_in.len()]), d));
+    let sync = |d: &Device| d.sync().map_err(|e| anyhow::anyhow!("the device failed to synchronise: {e:?}"));
     let bytes = n * 4;
-    let mut best = f64::MAX;
+    let (mut best, mut copy_share) = (f64::MAX, 0.0);
     for _ in 0..iters {
+        if let Some(d) = device {
+            sync(d)?;
+        }
         c.barrier()?;
         let t = Instant::now();
-        match op {
-            "all_reduce" => {
-                let mut buf = mine.clone();
-                c.all_reduce(&mut buf, ReduceOp::Sum)?;
-                check(op, bytes, &buf, |i| (0..size).map(|s| value(s, i)).sum())?;
-            }
-            "all_gather" => {
-                let mut out = vec![0f32; n * size];
-                c.all_gather(&mine, &mut out)?;
-                check(op, bytes, &out, |i| value(i / n, i % n))?;
-            }
-            "reduce_scatter" => {
-                let full: Vec<f32> = (0..n * size).map(|i| value(r, i)).collect();
-                let mut out = vec![0f32; n];
-                c.reduce_scatter(&full, &mut out, ReduceOp::Sum)?;
-                check(op, bytes, &out, |i| (0..size).map(|s| value(s, r * n + i)).sum())?;
-            }
-            "broadcast" => {
-                let mut buf = if r == 0 { mine.clone() } else { vec![0f32; n] };
-                c.broadcast(&mut buf, 0)?;
-                check(op, bytes, &buf, |i| value(0, i))?;
-            }
-            "send_recv" => {
-                // Ring: send to the next rank, receive from the previous one.
-                c.send(&mine, (r + 1) % size, 0)?;
-                let mut got = vec![0f32; n];
-                c.recv(&mut got, (r + size - 1) % size, 0)?;
-                check(op, bytes, &got, |i| value((r + size - 1) % size, i))?;
-            }
-            "all_to_all" => {
-                // `n` f32 per rank in `size` parts (the last takes the remainder).
-                let cut = |j: usize| j * n / size;
-                let parts: Vec<Vec<f32>> = (0..size).map(|j| mine[cut(j)..cut(j + 1)].to_vec()).collect();
-                let got = c.all_to_all(&parts)?;
-                for (from, p) in got.iter().enumerate() {
-                    check(op, bytes, p, |i| value(from, cut(r) + i))?;
-                }
-            }
-            _ => bail!("unknown collective {op}"),
+        let x = match &dev_in {
+            Some(x) => x.clone().into_data().try_into_vec::<f32>().map_err(|e| anyhow::anyhow!("{e:?}"))?,
+            None => host_in.clone(),
+        };
+        let copy_out = t.elapsed().as_secs_f64();
+        let out = collective(c, op, x, n)?;
+        let t_in = Instant::now();
+        if let Some(d) = device {
+            let _staged = Tensor::<1>::from_data(TensorData::new(out.clone(), [out.len()]), d);
+            sync(d)?;
         }
-        best = best.min(t.elapsed().as_secs_f64());
+        let copy_in = t_in.elapsed().as_secs_f64();
+        let secs = t.elapsed().as_secs_f64();
+        check(op, bytes, &out, |i| expected(op, r, n, size, i))?;
+        if secs < best {
+            (best, copy_share) = (secs, (copy_out + copy_in) / secs);
+        }
     }
-    Ok(best)
+    Ok((best, if device.is_some() { copy_share } else { 0.0 }))
 }
 
 fn bus_factor(op: &str, n: usize) -> f64 {
@@ -120,16 +178,21 @@ fn inject(c: &dyn Communicator, fault: Option<Fault>) -> Result<()> {
 }
 
 /// Every collective at sizes 1 KiB × 4^k up to `max_bytes`, on this rank of `c`.
-fn sweep(c: &dyn Communicator, max_bytes: usize, iters: usize, fault: Option<Fault>) -> Result<Vec<Row>> {
+fn sweep(c: &dyn Communicator, max_bytes: usize, iters: usize, fault: Option<Fault>, device: DeviceKind) -> Result<Vec<Row>> {
     inject(c, fault)?;
+    let device = match device.is_gpu() {
+        true => Some(crate::device::select(device, None, titan_parallel::launcher::local_rank(c.rank()))?),
+        false => None,
+    };
     let sizes: Vec<usize> =
         std::iter::successors(Some(1024usize), |s| Some(s * 4)).take_while(|&s| s <= max_bytes).collect();
     let mut rows = Vec::new();
     for op in OPS {
         for &bytes in &sizes {
-            let secs = run_op(c, op, bytes / 4, iters)?;
+            let (secs, copy_share) = run_op(c, op, bytes / 4, iters, device.as_ref())?;
             let algbw = bytes as f64 / secs / 1e9;
-            rows.push(Row { op, bytes, seconds: secs, algbw_gbs: algbw, busbw_gbs: algbw * bus_factor(op, c.size()) });
+            let busbw_gbs = algbw * bus_factor(op, c.size());
+            rows.push(Row { op, bytes, seconds: secs, algbw_gbs: algbw, busbw_gbs, copy_share });
         }
     }
     Ok(rows)
@@ -142,11 +205,12 @@ pub fn bench_comm(
     iters: usize,
     timeout: Duration,
     fault: Option<Fault>,
+    device: DeviceKind,
 ) -> Result<Vec<Row>> {
     if nproc < 2 {
         bail!("--nproc {nproc}: a communication benchmark needs at least 2 ranks");
     }
-    let per_rank = run_ranks_or_exit(nproc, timeout, Duration::from_secs(5), |c| sweep(&c, max_bytes, iters, fault))?;
+    let per_rank = run_ranks_or_exit(nproc, timeout, Duration::from_secs(5), |c| sweep(&c, max_bytes, iters, fault, device))?;
     Ok(per_rank.into_iter().next().unwrap_or_default())
 }
 
@@ -157,21 +221,24 @@ pub fn bench_comm_mpi(
     iters: usize,
     timeout: Duration,
     fault: Option<Fault>,
+    device: DeviceKind,
 ) -> Result<(usize, usize, Vec<Row>)> {
     titan_parallel::launcher::run_mpi_rank(timeout, |c| {
         if c.size() < 2 {
             bail!("a communication benchmark needs at least 2 ranks: mpirun -np 2 …");
         }
-        Ok((c.rank(), c.size(), sweep(&c, max_bytes, iters, fault)?))
+        Ok((c.rank(), c.size(), sweep(&c, max_bytes, iters, fault, device)?))
     })
 }
 
-pub fn print_table(rows: &[Row], nproc: usize, backend: &str) {
-    println!("{backend} backend, {nproc} ranks, f32, every result checked");
-    println!("| collective | size | time | algbw GB/s | busbw GB/s |");
-    println!("|---|---|---|---|---|");
+pub fn print_table(rows: &[Row], nproc: usize, backend: &str, device: DeviceKind) {
+    let staged = if device.is_gpu() { format!(", {device} tensors staged through host memory") } else { String::new() };
+    println!("{backend} backend, {nproc} ranks, f32{staged}, every result checked");
+    println!("| collective | size | time | algbw GB/s | busbw GB/s | copying |");
+    println!("|---|---|---|---|---|---|");
     for r in rows {
         let size = if r.bytes >= 1 << 20 { format!("{} MiB", r.bytes >> 20) } else { format!("{} KiB", r.bytes >> 10) };
-        println!("| {} | {size} | {:.1} µs | {:.2} | {:.2} |", r.op, r.seconds * 1e6, r.algbw_gbs, r.busbw_gbs);
+        let copying = if device.is_gpu() { format!("{:.0} %", r.copy_share * 100.0) } else { "—".into() };
+        println!("| {} | {size} | {:.1} µs | {:.2} | {:.2} | {copying} |", r.op, r.seconds * 1e6, r.algbw_gbs, r.busbw_gbs);
     }
 }

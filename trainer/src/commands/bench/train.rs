@@ -7,6 +7,7 @@ use crate::metrics::StepStats;
 use crate::rank::RankContext;
 use crate::train::trainer::Trainer;
 use anyhow::{anyhow, bail, Context, Result};
+use titan_kernels::transfer::{self, Traffic};
 
 #[derive(serde::Serialize)]
 pub struct BenchResult {
@@ -22,17 +23,22 @@ pub struct BenchResult {
     /// Of the forward/backward schedule's wall time, the share ranks spent waiting for other
     /// pipeline stages (mean over ranks of each rank's median step); 0 without pipelining.
     pub bubble: f64,
+    /// Bytes rank 0 moved between host memory and its GPU per step (mean of the timed steps;
+    /// counted at every titan-rs transfer; 0 on the CPU): device → host and host → device.
+    pub device_to_host_bytes_per_step: u64,
+    pub host_to_device_bytes_per_step: u64,
 }
 
 /// Times `steps` steps after `warmup` on one rank; returns the step stats and the trainer's
 /// global tokens per step.
-fn time_rank(cfg: JobConfig, rank: RankContext, warmup: usize, steps: usize) -> Result<(Vec<StepStats>, usize)> {
+fn time_rank(cfg: JobConfig, rank: RankContext, warmup: usize, steps: usize) -> Result<(Vec<StepStats>, usize, Traffic)> {
     let mut t = Trainer::new(cfg, rank)?;
     for _ in 0..warmup {
         t.train_step()?;
     }
+    let before = transfer::traffic();
     let stats = (0..steps).map(|_| t.train_step()).collect::<Result<Vec<_>>>()?;
-    Ok((stats, t.tokens_per_step()))
+    Ok((stats, t.tokens_per_step(), transfer::traffic() - before))
 }
 
 pub fn bench(mut cfg: JobConfig, warmup: usize, steps: usize) -> Result<BenchResult> {
@@ -41,16 +47,16 @@ pub fn bench(mut cfg: JobConfig, warmup: usize, steps: usize) -> Result<BenchRes
     cfg.training.steps = cfg.training.steps.max((warmup + steps) as u64);
     let mut all = super::on_every_rank(&cfg, |rank| time_rank(cfg.clone(), rank, warmup, steps))?;
     let ranks = all.len();
-    for (stats, _) in &mut all {
+    for (stats, _, _) in &mut all {
         stats.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
     }
     let bubble = all
         .iter()
-        .map(|(s, _)| &s[s.len() / 2])
+        .map(|(s, _, _)| &s[s.len() / 2])
         .map(|m| 1.0 - m.busy_seconds / m.pipeline_seconds.max(f64::MIN_POSITIVE))
         .sum::<f64>()
         / ranks as f64;
-    let (stats, tokens_per_step) = all.swap_remove(0);
+    let (stats, tokens_per_step, traffic) = all.swap_remove(0);
     let median = &stats[stats.len() / 2];
     let tps = tokens_per_step as f64 / median.seconds;
     // The whole job's throughput against the whole device (all ranks share it).
@@ -68,6 +74,8 @@ pub fn bench(mut cfg: JobConfig, warmup: usize, steps: usize) -> Result<BenchRes
         mfu,
         peak_tflops: peak.map(|p| p.tflops),
         bubble: if cfg.parallelism.pipeline_parallel_degree > 1 { bubble.max(0.0) } else { 0.0 },
+        device_to_host_bytes_per_step: traffic.to_host / steps.max(1) as u64,
+        host_to_device_bytes_per_step: traffic.to_device / steps.max(1) as u64,
     })
 }
 
@@ -199,6 +207,12 @@ pub fn print_table(label: &str, r: &BenchResult, baseline: Option<&Baseline>) {
     println!("{header}");
     println!("{}", "|---".repeat(header.matches('|').count() - 1) + "|");
     println!("{row}");
+    if r.device_to_host_bytes_per_step + r.host_to_device_bytes_per_step > 0 {
+        println!(
+            "host ↔ device per step (rank 0): {} B device → host, {} B host → device",
+            r.device_to_host_bytes_per_step, r.host_to_device_bytes_per_step
+        );
+    }
 }
 
 #[cfg(test)]
