@@ -203,3 +203,33 @@ fn gpu_and_cpu_checkpoints_resume_on_each_other() {
         assert_matches(name, &straight, &resumed, 1e-5);
     }
 }
+
+/// float16's dynamic loss scaling: a step whose loss and gradients are not finite (injected at
+/// step 2) is skipped — logged, `skipped` in metrics.jsonl, the scale halved from 65536 to 32768 —
+/// and training goes on with finite steps; without loss scaling the same step stops the run.
+#[test]
+fn float16_loss_scaling_skips_an_overflowing_step_and_recovers() {
+    let d = tempfile::tempdir().unwrap();
+    let flags = [
+        "--training.device", "wgpu", "--training.global_batch_size", "4", "--parallelism.data_parallel_shard_degree", "1",
+        "--training.mixed_precision_param", "float16", "--debug.inject_nonfinite_at_step", "2",
+    ];
+    let dump = d.path().join("scaled");
+    let o = run(&tiny_args(&dump, 4), &flags);
+    let out = assert_ok(&o);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("step skipped"), "{out}");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(dump.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| v.get("loss").is_some())
+        .collect();
+    let col = |k: &str| lines.iter().map(|v| v[k].clone()).collect::<Vec<_>>();
+    assert_eq!(col("skipped"), [false, true, false, false].map(serde_json::Value::from).to_vec());
+    assert_eq!(col("loss_scale"), [65536.0, 65536.0, 32768.0, 32768.0].map(serde_json::Value::from).to_vec());
+    for v in [&lines[2], &lines[3]] {
+        assert!(v["loss"].as_f64().is_some_and(f64::is_finite) && v["grad_norm"].as_f64().is_some_and(f64::is_finite), "{v}");
+    }
+    let o = run(&tiny_args(&d.path().join("unscaled"), 4), &[&flags[..], &["--training.loss_scale", "none"]].concat());
+    assert_clean_error(&o, &["step 2", "training stopped"]);
+}

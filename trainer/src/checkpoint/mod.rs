@@ -34,6 +34,7 @@ use titan_checkpoints::sharded::commit::{finish, prepare, SaveRequest};
 use titan_checkpoints::sharded::tools::open_sources;
 use titan_checkpoints::{CheckpointFolder, CheckpointReader};
 use titan_data::{DataLoader, LoaderState};
+use crate::optim::loss_scale::{LossScaleState, LossScaler};
 use titan_models::ModelArgs;
 
 /// Everything in a checkpoint besides tensors.
@@ -46,6 +47,9 @@ struct TrainState {
     /// the loader state are the complete RNG state.
     seed: u64,
     flavor: String,
+    /// float16's dynamic loss scale (absent in checkpoints of runs without it).
+    #[serde(default)]
+    loss_scale: Option<LossScaleState>,
 }
 
 /// A rank's training state as a checkpoint sees it, borrowed from the trainer: what a save
@@ -62,6 +66,7 @@ pub struct TrainingState<'a> {
     pub layout: &'a RankLayout,
     pub rank: &'a RankContext,
     pub device: &'a Device,
+    pub scaler: &'a mut LossScaler,
 }
 
 /// Opens (verified) a `step-N` folder, or the latest step in a folder holding them, or in a
@@ -136,6 +141,7 @@ impl Checkpointer {
                 loader: s.loader.state(),
                 seed: cfg.training.seed,
                 flavor: cfg.model.flavor.clone(),
+                loss_scale: s.scaler.state(),
             };
             vec![
                 ("train_state.json".to_string(), serde_json::to_vec_pretty(&ts)?),

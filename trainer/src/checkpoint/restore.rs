@@ -129,6 +129,7 @@ fn load_from(s: &mut TrainingState, r: &CheckpointReader) -> Result<()> {
     }
     if !skip(LoadablePart::TrainState) {
         *s.step = ts.step;
+        s.scaler.load(ts.loss_scale);
     }
     Ok(())
 }

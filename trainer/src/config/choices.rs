@@ -66,6 +66,11 @@ impl AttentionChoice {
 }
 
 choice!(
+    /// `training.loss_scale`: float16's dynamic loss scaling, or none.
+    LossScaleMode { Dynamic = "dynamic", None = "none" }
+);
+
+choice!(
     /// `model.attn_mask_type`.
     MaskType { Causal = "causal", BlockCausal = "block_causal" }
 );

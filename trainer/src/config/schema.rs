@@ -117,6 +117,13 @@ section!(Training {
     dtype: ParamDtype = ParamDtype::Float32,
     /// The compute type: float32 | bfloat16 | float16 (float32 master weights and optimizer state)
     mixed_precision_param: Precision = Precision::Float32,
+    /// With float16 compute: dynamic (GradScaler's rule: skip an overflowing step and halve the
+    /// scale, double it after `loss_scale_growth_interval` clean steps) | none
+    loss_scale: LossScaleMode = LossScaleMode::Dynamic,
+    /// The first loss scale (float16, dynamic)
+    loss_scale_init: f64 = 65536.0,
+    /// Clean steps in a row before the loss scale doubles
+    loss_scale_growth_interval: u64 = 2000,
     /// Where tokenized corpora are cached.
     cache_dir: String = ".cache/titan-rs".into(),
     /// CPU threads for the math (0 = all cores).

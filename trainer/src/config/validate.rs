@@ -85,6 +85,12 @@ pub fn validate(c: &JobConfig) -> Result<()> {
     if t.device_index < -1 {
         e.push(format!("`training.device_index` = {} must be an adapter index, or -1 for one GPU per rank", t.device_index));
     }
+    if !(t.loss_scale_init.is_finite() && t.loss_scale_init > 0.0) {
+        e.push(format!("`training.loss_scale_init` = {} must be a positive number (PyTorch's default: 65536)", t.loss_scale_init));
+    }
+    if t.loss_scale_growth_interval == 0 {
+        e.push("`training.loss_scale_growth_interval` = 0 must be at least 1 (PyTorch's default: 2000)".to_string());
+    }
     if t.mixed_precision_param.is_half() && p.tensor_parallel_degree > 1 {
         e.push(format!(
             "`training.mixed_precision_param` = {:?} with `parallelism.tensor_parallel_degree` = {} is not supported yet (the TP activation collectives move float32); use \"float32\" with TP, or mixed precision with data and pipeline parallelism",

@@ -208,6 +208,10 @@ impl MetricsLogger {
                     s.expert_load.iter().map(|l| (format!("layers.{}", l.layer), json!(l.aux_loss))).collect();
                 line["all_to_all_time_s"] = json!(s.all_to_all_seconds);
             }
+            if let Some(scale) = s.loss_scale {
+                line["loss_scale"] = json!(scale);
+                line["skipped"] = json!(s.skipped);
+            }
             if !s.tokens_by_source.is_empty() {
                 // Dataset mixtures: tokens seen so far from each source (the whole job).
                 line["tokens_by_source"] = s.tokens_by_source.iter().map(|(k, v)| (k.clone(), json!(v))).collect();

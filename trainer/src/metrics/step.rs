@@ -28,4 +28,8 @@ pub struct StepStats {
     pub expert_load: Vec<crate::optim::expert_bias::ExpertLoad>,
     /// Of `comm_seconds`, the expert-parallel all-to-alls (dispatch, combine, their gradients).
     pub all_to_all_seconds: f64,
+    /// The update was skipped (float16 gradients overflowed at the loss scale).
+    pub skipped: bool,
+    /// float16 with dynamic loss scaling: the scale this step ran with.
+    pub loss_scale: Option<f64>,
 }

@@ -4,6 +4,7 @@
 
 pub mod adamw;
 pub mod expert_bias;
+pub mod loss_scale;
 pub mod lr_schedule;
 
 pub use adamw::{AdamW, AdamWConfig};

@@ -153,6 +153,8 @@ pub struct StepInputs<'a> {
     pub batch: &'a Batch,
     /// The global number of target tokens of the step (the loss is divided by it).
     pub total_tokens: usize,
+    /// The factor the loss is multiplied by for backward (float16's loss scale; 1 otherwise).
+    pub loss_scale: f64,
     pub inject_nan: bool,
     /// Positions per rank in the hidden states between stages (`seq_len / tp` under SP).
     pub hidden_positions: usize,
@@ -278,6 +280,9 @@ pub fn run_schedule(
                         loss = loss.mul_scalar(f64::NAN);
                     }
                     loss_sum += titan_kernels::transfer::scalar(loss.clone()) as f64;
+                    if io.loss_scale != 1.0 {
+                        loss = loss.mul_scalar(io.loss_scale);
+                    }
                     saved.insert((stage, m), Saved::Loss(x, loss, tape));
                 } else {
                     wire.send(y.clone(), stage + 1, m, false)?;

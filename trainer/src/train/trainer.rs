@@ -2,9 +2,10 @@
 //! step, validation, checkpoint.
 
 use crate::checkpoint::{Checkpointer, TrainingState};
-use crate::config::{AttentionChoice, DeviceKind, FailMode, JobConfig, MaskType, Precision};
+use crate::config::{AttentionChoice, DeviceKind, FailMode, JobConfig, LossScaleMode, MaskType, Precision};
 use crate::metrics::StepStats;
 use crate::optim::LrSchedule;
+use crate::optim::loss_scale::{LossScaler, Verdict, MAX_CONSECUTIVE_SKIPS};
 use crate::optim::{AdamW, AdamWConfig};
 use crate::paths;
 use crate::rank::grads;
@@ -49,6 +50,8 @@ pub struct Trainer {
     source_names: Vec<String>,
     /// The checkpoint folder and the save in flight.
     pub checkpointer: Checkpointer,
+    /// float16's dynamic loss scale (inactive otherwise).
+    pub scaler: LossScaler,
 }
 
 /// The model a config describes, lazily initialised from `seed` on `device`.
@@ -183,6 +186,11 @@ impl Trainer {
             checkpointing: cfg.activation_checkpoint.policy().map_err(|e| anyhow!(e))?,
             val_batches,
             checkpointer: Checkpointer::new(&cfg),
+            scaler: LossScaler::new(
+                cfg.training.mixed_precision_param == Precision::Float16 && cfg.training.loss_scale == LossScaleMode::Dynamic,
+                cfg.training.loss_scale_init,
+                cfg.training.loss_scale_growth_interval,
+            ),
             source_names,
             cfg,
             rank,
@@ -198,8 +206,8 @@ impl Trainer {
 
     /// The checkpointer and the state it saves or fills, borrowed apart.
     fn checkpoint_parts(&mut self) -> (&mut Checkpointer, TrainingState<'_>) {
-        let Trainer { cfg, args, model, optim, loader, step, placement, layout, rank, device, checkpointer, .. } = self;
-        (checkpointer, TrainingState { cfg, args, model, optim, loader, step, placement, layout, rank, device })
+        let Trainer { cfg, args, model, optim, loader, step, placement, layout, rank, device, checkpointer, scaler, .. } = self;
+        (checkpointer, TrainingState { cfg, args, model, optim, loader, step, placement, layout, rank, device, scaler })
     }
 
     /// Checkpoints the state after the current step (every rank calls it); see
@@ -253,6 +261,7 @@ impl Trainer {
             let io = StepInputs {
                 batch,
                 total_tokens,
+                loss_scale: self.scaler.scale(),
                 inject_nan: inject,
                 hidden_positions: self.hidden_positions(),
                 dim: self.args.dim,
@@ -278,11 +287,28 @@ impl Trainer {
             group.all_reduce(&mut l, ReduceOp::Sum)?;
             loss_sum = l[0] as f64;
         }
+        // Under float16 loss scaling the gradients are S times the true ones: the norm is
+        // divided by S, and so are the gradients, inside the update.
+        let loss_scale = self.scaler.scale();
         let grad_norm = {
             let _span = titan_profiling::span("grad norm", "optimizer");
-            self.placement.grad_norm(&self.model, &acc, &self.rank)?
+            self.placement.grad_norm(&self.model, &acc, &self.rank)? / loss_scale
         };
-        if !loss_sum.is_finite() || !grad_norm.is_finite() {
+        let finite = loss_sum.is_finite() && grad_norm.is_finite();
+        let verdict = self.scaler.update(finite);
+        if verdict == Verdict::Skip {
+            if self.scaler.consecutive_skips() > MAX_CONSECUTIVE_SKIPS {
+                bail!(
+                    "step {step}: {} overflowing steps in a row (the loss is {loss_sum}, the loss scale now {:e}): the loss itself is not finite in float16; try `training.mixed_precision_param = \"float32\"` or a lower `optimizer.lr`",
+                    self.scaler.consecutive_skips(),
+                    self.scaler.scale()
+                );
+            }
+            tracing::warn!(
+                "step {step}: gradients overflowed in float16 at loss scale {loss_scale:e}; step skipped (batch dropped, parameters and optimizer state unchanged), loss scale now {:e}",
+                self.scaler.scale()
+            );
+        } else if !finite {
             let last = self.checkpointer.folder().latest().ok().flatten();
             bail!(
                 "step {step}: the loss is {loss_sum} and the gradient norm {grad_norm}; training stopped and this state was not checkpointed{}. Try a lower `optimizer.lr` (now {}) or a smaller `training.max_norm`.",
@@ -290,14 +316,18 @@ impl Trainer {
                 self.cfg.optimizer.lr
             );
         }
-        let scale = grads::clip_coefficient(grad_norm, self.cfg.training.max_norm);
-        let model = std::mem::replace(&mut self.model, RankModel { chunks: Vec::new() });
-        let model = {
-            let _span = titan_profiling::span("optimizer", "optimizer");
-            self.optim.step(model, acc, lr, scale)
-        };
-        let (model, expert_load) = crate::optim::expert_bias::balance(model, &self.rank, &self.device)?;
-        self.model = model;
+        let skipped = verdict == Verdict::Skip;
+        let mut expert_load = Vec::new();
+        if !skipped {
+            let scale = grads::clip_coefficient(grad_norm, self.cfg.training.max_norm) / loss_scale;
+            let model = std::mem::replace(&mut self.model, RankModel { chunks: Vec::new() });
+            let model = {
+                let _span = titan_profiling::span("optimizer", "optimizer");
+                self.optim.step(model, acc, lr, scale)
+            };
+            let (model, load) = crate::optim::expert_bias::balance(model, &self.rank, &self.device)?;
+            (self.model, expert_load) = (model, load);
+        }
         self.step = step;
         Ok(StepStats {
             step,
@@ -314,6 +344,8 @@ impl Trainer {
             tokens_by_source: self.tokens_by_source(),
             expert_load,
             all_to_all_seconds: titan_parallel::ep::take_all_to_all_seconds(),
+            skipped,
+            loss_scale: self.scaler.enabled().then_some(loss_scale),
         })
     }
 
