@@ -233,3 +233,19 @@ fn float16_loss_scaling_skips_an_overflowing_step_and_recovers() {
     let o = run(&tiny_args(&d.path().join("unscaled"), 4), &[&flags[..], &["--training.loss_scale", "none"]].concat());
     assert_clean_error(&o, &["step 2", "training stopped"]);
 }
+
+/// `bench comm --training.device wgpu`: every collective on device buffers staged through host
+/// memory, each result checked after the round trip, with the share of the time spent copying.
+#[test]
+fn bench_comm_stages_device_buffers_and_reports_the_copy_share() {
+    let out = assert_ok(&titan(&["bench", "comm", "--nproc", "2", "--training.device", "wgpu", "--max-mib", "1", "--iters", "1"]));
+    assert!(out.contains("wgpu tensors staged through host memory, every result checked"), "{out}");
+    for op in ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv", "all_to_all"] {
+        let rows: Vec<&str> = out.lines().filter(|l| l.starts_with(&format!("| {op} |"))).collect();
+        assert_eq!(rows.len(), 6, "{op}:\n{out}");
+        for r in rows {
+            let share: f64 = r.split('|').nth(6).unwrap().trim().trim_end_matches(" %").parse().unwrap();
+            assert!((0.0..=100.0).contains(&share), "{r}");
+        }
+    }
+}
