@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """The PyTorch eager baseline of `titan-rs bench train`: Hugging Face's Llama (sdpa attention)
-with a titan-rs flavor's shape (default: the debugmodel), AdamW, fp32, the same tokens per step.
+with a titan-rs flavor's shape (default: the debugmodel), AdamW, gradient clipping, the same
+tokens per step; float32, or bfloat16/float16 autocast (float32 master weights, as titan-rs's
+`training.mixed_precision_param`), on the CPU or a CUDA GPU.
 
     pip install torch transformers
     python3 scripts/pytorch_baseline.py [--batch 8 --seq 256 --warmup 2 --steps 10 --threads 2]
         [--dim 256 --layers 6 --heads 16 --kv-heads 16 --ffn 768 --vocab 2048 --rope-theta 5e5]
+        [--device cpu|cuda] [--dtype float32|bfloat16|float16]
 
 Prints tokens/s. `titan-rs bench train --config F --baseline pytorch --rounds 3` runs it with the
 config's shape, alternating with its own measurement, and reports both medians and the ratio.
@@ -30,6 +33,8 @@ def main():
     p.add_argument("--ffn", type=int, default=768)
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--rope-theta", type=float, default=500000.0)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -46,14 +51,21 @@ def main():
         tie_word_embeddings=False,
         attn_implementation="sdpa",
     )
-    model = LlamaForCausalLM(cfg)
+    dev = torch.device(a.device)
+    model = LlamaForCausalLM(cfg).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
-    x = torch.randint(0, cfg.vocab_size, (a.batch, a.seq + 1))
+    x = torch.randint(0, cfg.vocab_size, (a.batch, a.seq + 1), device=dev)
     inputs, labels = x[:, :-1], x[:, 1:]
+    half = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(a.dtype)
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
 
     def step():
-        logits = model(input_ids=inputs).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size), labels.reshape(-1))
+        with torch.autocast(dev.type, dtype=half, enabled=half is not None):
+            logits = model(input_ids=inputs).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, cfg.vocab_size), labels.reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -61,11 +73,14 @@ def main():
 
     for _ in range(a.warmup):
         step()
+    sync()
     start = time.perf_counter()
     for _ in range(a.steps):
         step()
+    sync()
     dt = (time.perf_counter() - start) / a.steps
-    print(f"pytorch {torch.__version__} eager, HF Llama sdpa: step {dt:.3f} s, {a.batch * a.seq / dt:.0f} tokens/s")
+    mem = f", peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if dev.type == "cuda" else ""
+    print(f"pytorch {torch.__version__} eager on {a.device}, {a.dtype}, HF Llama sdpa: step {dt:.3f} s{mem}, {a.batch * a.seq / dt:.0f} tokens/s")
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ fn moe_training_on_the_wgpu_adapter_matches_the_cpu_run() {
 
 /// The mesh on GPU ranks — several ranks as threads sharing the software adapter, their
 /// collectives staged through host memory — equals one GPU rank: DDP 2, FSDP 2, TP 2 with and
-/// without sequence parallelism, FSDP 2 × TP 2, PP 2 × FSDP 2, HSDP 2 × 2 and CP 2 (ring and
+/// without sequence parallelism, FSDP 2 × TP 2, PP 2 × FSDP 2, PP 2 × FSDP 2 × TP 2, HSDP 2 × 2 and CP 2 (ring and
 /// all-gather; used to be refused on GPU devices). Tolerance 1e-5 relative, as
 /// the same layouts on the CPU (sums in another order). These layouts used to panic
 /// ("Backend not supported for custom op 'dist_collective'").
@@ -63,6 +63,10 @@ fn parallel_layouts_on_the_wgpu_adapter_equal_one_gpu_rank() {
         ),
         ("FSDP 2 x TP 2", format!("--nproc 4 --parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2 {half}")),
         ("PP 2 x FSDP 2", format!("--nproc 4 --parallelism.data_parallel_shard_degree 2 --parallelism.pipeline_parallel_degree 2 {half}")),
+        (
+            "PP 2 x FSDP 2 x TP 2",
+            format!("--nproc 8 --parallelism.data_parallel_shard_degree 2 --parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2 {half}"),
+        ),
         (
             "HSDP 2x2",
             "--nproc 4 --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 1".to_string(),

@@ -61,6 +61,8 @@ cp configs/llama_small.toml configs/llama_debug.toml "$OUT/configs/"
 mkdir -p "$OUT/assets/tokenizer" "$OUT/assets/shakespeare"
 cp assets/tokenizer/tokenizer.json "$OUT/assets/tokenizer/"
 cp assets/shakespeare/*.txt "$OUT/assets/shakespeare/"
+mkdir -p "$OUT/scripts"
+cp scripts/pytorch_baseline.py "$OUT/scripts/"
 cp scripts/gpu/run.sh "$OUT/run.sh"
 chmod +x "$OUT/run.sh"
 size=$(du -sb "$OUT" | cut -f1)

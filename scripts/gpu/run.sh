@@ -4,8 +4,10 @@
 # the adapters, then — each step under a hard time limit, the whole under 8 minutes —
 #   1. `bench kernels`: every kernel checked against its reference, then timed against the
 #      ceilings (H200: 4 300 GB/s, 790 TFLOP/s);
-#   2. `bench train` on the `small` flavor in float32 and in bfloat16 (float16 where the adapter
-#      has no bfloat16): tokens/s and MFU.
+#   2. `bench train`: `small` 8 × 2048 in float32 and in bfloat16 (float16 where the adapter has
+#      no bfloat16), `1B` 2 × 2048 in half precision, each beside PyTorch eager on the same GPU
+#      and shapes in the same run where the image has PyTorch; then `small` as FSDP 2 and as
+#      TP 2, two ranks sharing the GPU: tokens/s, MFU, host↔device bytes per step.
 # Writes $OUT/report.json and $OUT/report.md (and $OUT/run.log with every step's output); a step
 # that fails or runs out of time is recorded in both, never a silent stop.
 #
@@ -75,23 +77,46 @@ fi
 
 if [ "$DRY" -eq 1 ]; then
     SHAPE="--config configs/llama_debug.toml --model.flavor tiny --training.local_batch_size 2 --training.seq_len 32"
-    KITERS=1; TRAIN="--warmup 1 --steps 2"; KLIMIT=240; TLIMIT=120
+    BIG="$SHAPE"
+    KITERS=1; TRAIN="--warmup 1 --steps 2"; KLIMIT=240; TLIMIT=120; BLIMIT=120; PLIMIT=120
 else
     SHAPE="--config configs/llama_small.toml --model.flavor small --training.local_batch_size 8 --training.seq_len 2048"
-    KITERS=10; TRAIN="--warmup 1 --steps 3"; KLIMIT=150; TLIMIT=120
+    BIG="--config configs/llama_small.toml --model.flavor 1B --training.local_batch_size 2 --training.seq_len 2048"
+    KITERS=10; TRAIN="--warmup 1 --steps 3"; KLIMIT=100; TLIMIT=75; BLIMIT=90; PLIMIT=60
 fi
-COMMON="--training.device wgpu --parallelism.data_parallel_shard_degree 1 --checkpoint.enable false"
-step kernels "$KLIMIT" "$BIN" bench kernels $SHAPE $COMMON --iters "$KITERS" --peak-gbs 4300 --peak-tflops 790 \
+COMMON="--training.device wgpu --checkpoint.enable false"
+ONE="--parallelism.data_parallel_shard_degree 1"
+# PyTorch eager on the same GPU, same shapes, alternated with titan-rs inside each `bench train`
+# (`--baseline pytorch --rounds 1`: same run, ratio in the table), where the image has it.
+BASELINE=""
+if [ "$DRY" -eq 0 ] && python3 -c "import torch, transformers; assert torch.cuda.is_available()" >> "$LOG" 2>&1; then
+    BASELINE="--baseline pytorch --rounds 1"
+    echo "PyTorch with CUDA found: each training step is compared with PyTorch eager in the same run" >> "$LOG"
+fi
+step kernels "$KLIMIT" "$BIN" bench kernels $SHAPE $COMMON $ONE --iters "$KITERS" --peak-gbs 4300 --peak-tflops 790 \
     --json "$WORK/kernels.json"
-step train-float32 "$TLIMIT" "$BIN" bench train $SHAPE $COMMON $TRAIN --metrics.peak_tflops 790 \
-    --json "$WORK/train-float32.json"
 HALF=bfloat16
 if ! grep -A12 '"chosen": true' "$WORK/devices.json" 2>/dev/null | grep -q '"bfloat16": true'; then
     HALF=float16
-    echo "the adapter does not compute in bfloat16: the half-precision run uses float16" >> "$LOG"
+    echo "the adapter does not compute in bfloat16: the half-precision runs use float16" >> "$LOG"
 fi
-step "train-$HALF" "$TLIMIT" "$BIN" bench train $SHAPE $COMMON $TRAIN --metrics.peak_tflops 790 \
-    --training.mixed_precision_param "$HALF" --json "$WORK/train-$HALF.json"
+# name, time limit, then the flags: one rank (small in both precisions, 1B in half precision),
+# then FSDP 2 and TP 2 as two ranks sharing the one GPU (the host-staging overhead against one
+# rank; float32, as mixed precision with TP is refused).
+TRAIN_STEPS="small-float32 small-$HALF 1B-$HALF fsdp2-small-float32 tp2-small-float32"
+train_step() {
+    local name=$1 limit=$2
+    shift 2
+    step "train-$name" "$limit" "$BIN" bench train "$@" $COMMON $TRAIN --metrics.peak_tflops 790 \
+        --json "$WORK/train-$name.json"
+}
+train_step small-float32 "$TLIMIT" $SHAPE $ONE $BASELINE
+train_step "small-$HALF" "$TLIMIT" $SHAPE $ONE $BASELINE --training.mixed_precision_param "$HALF"
+train_step "1B-$HALF" "$BLIMIT" $BIG $ONE $BASELINE --training.mixed_precision_param "$HALF"
+train_step fsdp2-small-float32 "$PLIMIT" $SHAPE --parallelism.data_parallel_shard_degree 2 --training.local_batch_size 4
+train_step tp2-small-float32 "$PLIMIT" $SHAPE $ONE --parallelism.tensor_parallel_degree 2
+# Nothing of a step that ran out of time may stay on the GPU for the next measurement.
+pkill -KILL -f "$WORK/titan-rs" 2>/dev/null || true
 
 json_or_null() { if [ -s "$1" ]; then cat "$1"; else echo null; fi; }
 {
@@ -102,7 +127,11 @@ json_or_null() { if [ -s "$1" ]; then cat "$1"; else echo null; fi; }
     echo "  \"steps\": [$STEPS_JSON],"
     echo "  \"devices\": $(json_or_null "$WORK/devices.json"),"
     echo "  \"kernels\": $(json_or_null "$WORK/kernels.json"),"
-    echo "  \"train\": {\"float32\": $(json_or_null "$WORK/train-float32.json"), \"$HALF\": $(json_or_null "$WORK/train-$HALF.json")}"
+    echo "  \"half\": \"$HALF\","
+    printf '  "train": {'
+    sep=""
+    for n in $TRAIN_STEPS; do printf '%s"%s": %s' "$sep" "$n" "$(json_or_null "$WORK/train-$n.json")"; sep=", "; done
+    echo "}"
     echo "}"
 } > "$OUT/report.json"
 
@@ -120,16 +149,14 @@ section() { sed -n "/^=== $1 (limit/,/^=== $1: exit/p" "$LOG" | grep '^|' ; }
     echo
     section kernels
     echo
-    echo "## Training steps ($([ "$DRY" -eq 1 ] && echo "tiny flavor, 2 × 32 tokens" || echo "small flavor, 8 × 2048 tokens"))"
+    echo "## Training steps ($([ "$DRY" -eq 1 ] && echo "tiny flavor, 2 × 32 tokens" || echo "small 8 × 2048 and 1B 2 × 2048 tokens per step"))"
     echo
-    echo "float32:"
-    echo
-    section train-float32
-    echo
-    echo "$HALF:"
-    echo
-    section "train-$HALF"
-    echo
+    for n in $TRAIN_STEPS; do
+        echo "$n:"
+        echo
+        section "train-$n"
+        echo
+    done
     echo "## Failures"
     echo
     if [ -n "$FAILED" ]; then printf '%b' "$FAILED"; else echo "none"; fi

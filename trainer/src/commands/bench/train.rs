@@ -148,6 +148,13 @@ pub fn pytorch_command(cfg: &JobConfig, warmup: usize, steps: usize) -> Vec<Stri
         cmd.push(k.into());
         cmd.push(v.to_string());
     }
+    // The same device kind (a GPU is CUDA to PyTorch) and compute type.
+    let device = if cfg.training.device.is_gpu() { "cuda" } else { "cpu" };
+    let dtype = cfg.training.mixed_precision_param.as_str();
+    for (k, v) in [("--device", device), ("--dtype", dtype)] {
+        cmd.push(k.into());
+        cmd.push(v.into());
+    }
     cmd.push("--rope-theta".into());
     cmd.push(a.rope_theta.to_string());
     cmd
