@@ -454,3 +454,34 @@ fn max_restarts_resumes_a_failed_job_bit_exact() {
     let o = run(&tiny_args(&d.path().join("nock"), 2), &["--max-restarts", "1"]);
     assert_clean_error(&o, &["--max-restarts", "checkpoint.enable"]);
 }
+
+/// `fault.skip_nonfinite_steps`: a non-finite step skips its update instead of stopping the run
+/// — the step's metrics line says `skipped`, the AdamW step count stays behind the step counter
+/// by one (the checkpoint of step 3 holds optimizer step 2), training goes on with finite steps —
+/// and one more non-finite step in a row than allowed stops the run naming the key.
+#[test]
+fn non_finite_steps_are_skipped_up_to_the_allowed_number() {
+    let d = tempfile::tempdir().unwrap();
+    let flags = ["--debug.inject_nonfinite_at_step", "2", "--fault.skip_nonfinite_steps", "1"];
+    let o = run(&tiny_args(d.path(), 4), &[&flags[..], &["--checkpoint.enable", "true", "--checkpoint.interval", "3"]].concat());
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_ok(&o);
+    assert!(err.contains("update skipped"), "{err}");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(d.path().join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| v.get("loss").is_some())
+        .collect();
+    assert_eq!(lines.len(), 4);
+    assert_eq!(lines[1]["skipped"], serde_json::json!(true), "{}", lines[1]);
+    for v in [&lines[0], &lines[2], &lines[3]] {
+        assert!(v.get("skipped").is_none() && v["grad_norm"].as_f64().is_some_and(f64::is_finite), "{v}");
+    }
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.path().join("checkpoint/step-3/train_state.json")).unwrap()).unwrap();
+    assert_eq!((state["step"].as_u64(), state["optimizer_step"].as_u64()), (Some(3), Some(2)), "{state}");
+    // Allowed 0 in a row: the first stops the run, and the message names the key.
+    let o = run(&tiny_args(&d.path().join("strict"), 4), &[&flags[..2], &["--fault.skip_nonfinite_steps", "0"]].concat());
+    assert_clean_error(&o, &["step 2", "training stopped", "`fault.skip_nonfinite_steps` (now 0)"]);
+}

@@ -236,6 +236,14 @@ section!(Validation {
     steps: i64 = -1,
 });
 
+section!(Fault {
+    /// Bad-step policy: a step whose loss or gradient norm is not finite skips its update
+    /// (parameters and optimizer state unchanged, its batch dropped, the step counter and LR
+    /// schedule advance), up to this many in a row; one more stops the run. 0: the first stops
+    /// it. (float16's loss scaling skips overflowing steps on its own.)
+    skip_nonfinite_steps: u32 = 0,
+});
+
 section!(Debug {
     /// Make the loss non-finite at this step (tests the non-finite stop); -1 = never.
     inject_nonfinite_at_step: i64 = -1,
@@ -274,6 +282,7 @@ section!(
         activation_checkpoint: ActivationCheckpoint = ActivationCheckpoint::default(),
         comm: Comm = Comm::default(),
         validation: Validation = Validation::default(),
+        fault: Fault = Fault::default(),
         debug: Debug = Debug::default(),
     }
 );

@@ -210,6 +210,8 @@ impl MetricsLogger {
             }
             if let Some(scale) = s.loss_scale {
                 line["loss_scale"] = json!(scale);
+            }
+            if s.skipped || s.loss_scale.is_some() {
                 line["skipped"] = json!(s.skipped);
             }
             if !s.tokens_by_source.is_empty() {

@@ -52,6 +52,10 @@ pub struct Trainer {
     pub checkpointer: Checkpointer,
     /// float16's dynamic loss scale (inactive otherwise).
     pub scaler: LossScaler,
+    /// Non-finite steps in a row, and in all (skipped under `fault.skip_nonfinite_steps` or by
+    /// the loss scaler).
+    bad_steps: u32,
+    skipped_steps: u64,
 }
 
 /// The model a config describes, lazily initialised from `seed` on `device`.
@@ -192,6 +196,8 @@ impl Trainer {
                 cfg.training.loss_scale_growth_interval,
             ),
             source_names,
+            bad_steps: 0,
+            skipped_steps: 0,
             cfg,
             rank,
         };
@@ -296,27 +302,40 @@ impl Trainer {
         };
         let finite = loss_sum.is_finite() && grad_norm.is_finite();
         let verdict = self.scaler.update(finite);
-        if verdict == Verdict::Skip {
-            if self.scaler.consecutive_skips() > MAX_CONSECUTIVE_SKIPS {
-                bail!(
-                    "step {step}: {} overflowing steps in a row (the loss is {loss_sum}, the loss scale now {:e}): the loss itself is not finite in float16; try `training.mixed_precision_param = \"float32\"` or a lower `optimizer.lr`",
-                    self.scaler.consecutive_skips(),
+        let skipped = !finite;
+        if finite {
+            self.bad_steps = 0;
+        } else {
+            self.bad_steps += 1;
+            self.skipped_steps += 1;
+            let allowed = self.cfg.fault.skip_nonfinite_steps;
+            if verdict == Verdict::Skip {
+                if self.scaler.consecutive_skips() > MAX_CONSECUTIVE_SKIPS {
+                    bail!(
+                        "step {step}: {} overflowing steps in a row (the loss is {loss_sum}, the loss scale now {:e}): the loss itself is not finite in float16; try `training.mixed_precision_param = \"float32\"` or a lower `optimizer.lr`",
+                        self.scaler.consecutive_skips(),
+                        self.scaler.scale()
+                    );
+                }
+                tracing::warn!(
+                    "step {step}: gradients overflowed in float16 at loss scale {loss_scale:e}; step skipped (batch dropped, parameters and optimizer state unchanged), loss scale now {:e}",
                     self.scaler.scale()
                 );
+            } else if self.bad_steps <= allowed {
+                tracing::warn!(
+                    "step {step}: the loss is {loss_sum} and the gradient norm {grad_norm}; update skipped (batch dropped, parameters and optimizer state unchanged; {} of {allowed} allowed in a row by `fault.skip_nonfinite_steps`, {} skipped so far)",
+                    self.bad_steps,
+                    self.skipped_steps
+                );
+            } else {
+                let last = self.checkpointer.folder().latest().ok().flatten();
+                bail!(
+                    "step {step}: the loss is {loss_sum} and the gradient norm {grad_norm}; training stopped and this state was not checkpointed{}. Try a lower `optimizer.lr` (now {}) or a smaller `training.max_norm`, or skip such steps with `fault.skip_nonfinite_steps` (now {allowed}).",
+                    last.map(|s| format!(" (the last good checkpoint is step-{s})")).unwrap_or_default(),
+                    self.cfg.optimizer.lr
+                );
             }
-            tracing::warn!(
-                "step {step}: gradients overflowed in float16 at loss scale {loss_scale:e}; step skipped (batch dropped, parameters and optimizer state unchanged), loss scale now {:e}",
-                self.scaler.scale()
-            );
-        } else if !finite {
-            let last = self.checkpointer.folder().latest().ok().flatten();
-            bail!(
-                "step {step}: the loss is {loss_sum} and the gradient norm {grad_norm}; training stopped and this state was not checkpointed{}. Try a lower `optimizer.lr` (now {}) or a smaller `training.max_norm`.",
-                last.map(|s| format!(" (the last good checkpoint is step-{s})")).unwrap_or_default(),
-                self.cfg.optimizer.lr
-            );
         }
-        let skipped = verdict == Verdict::Skip;
         let mut expert_load = Vec::new();
         if !skipped {
             let scale = grads::clip_coefficient(grad_norm, self.cfg.training.max_norm) / loss_scale;
