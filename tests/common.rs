@@ -87,12 +87,16 @@ pub fn run(args: &[String], extra: &[&str]) -> Output {
 /// `(step, loss, grad_norm)` of every training line in `metrics.jsonl`, as the exact JSON text
 /// of the numbers (equal text = equal f64 bits).
 pub fn losses(dump: &Path) -> Vec<(u64, String, String)> {
-    let body = std::fs::read_to_string(dump.join("metrics.jsonl")).expect("metrics.jsonl");
-    body.lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v.get("loss").is_some())
+    metric_lines(dump)
+        .into_iter()
         .map(|v| (v["step"].as_u64().unwrap(), v["loss"].to_string(), v["grad_norm"].to_string()))
         .collect()
+}
+
+/// Every training line of `metrics.jsonl` (those with a loss), parsed.
+pub fn metric_lines(dump: &Path) -> Vec<serde_json::Value> {
+    let body = std::fs::read_to_string(dump.join("metrics.jsonl")).expect("metrics.jsonl");
+    body.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()).filter(|v| v.get("loss").is_some()).collect()
 }
 
 /// (loss, grad norm) per step from `metrics.jsonl`.

@@ -222,12 +222,7 @@ fn float16_loss_scaling_skips_an_overflowing_step_and_recovers() {
     let o = run(&tiny_args(&dump, 4), &flags);
     let out = assert_ok(&o);
     assert!(String::from_utf8_lossy(&o.stderr).contains("step skipped"), "{out}");
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(dump.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .filter(|v: &serde_json::Value| v.get("loss").is_some())
-        .collect();
+    let lines = metric_lines(&dump);
     let col = |k: &str| lines.iter().map(|v| v[k].clone()).collect::<Vec<_>>();
     assert_eq!(col("skipped"), [false, true, false, false].map(serde_json::Value::from).to_vec());
     assert_eq!(col("loss_scale"), [65536.0, 65536.0, 32768.0, 32768.0].map(serde_json::Value::from).to_vec());

@@ -467,12 +467,7 @@ fn non_finite_steps_are_skipped_up_to_the_allowed_number() {
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert_ok(&o);
     assert!(err.contains("update skipped"), "{err}");
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(d.path().join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .filter(|v: &serde_json::Value| v.get("loss").is_some())
-        .collect();
+    let lines = metric_lines(d.path());
     assert_eq!(lines.len(), 4);
     assert_eq!(lines[1]["skipped"], serde_json::json!(true), "{}", lines[1]);
     for v in [&lines[0], &lines[2], &lines[3]] {

@@ -25,7 +25,6 @@ pub struct LossScaler {
     /// `None`: no scaling (S = 1).
     state: Option<LossScaleState>,
     growth_interval: u64,
-    consecutive_skips: u32,
 }
 
 /// What the scaler decided about a step.
@@ -41,7 +40,7 @@ impl LossScaler {
     /// Scaling from `init` when `enabled`, else none.
     pub fn new(enabled: bool, init: f64, growth_interval: u64) -> Self {
         let state = enabled.then_some(LossScaleState { scale: init, clean_steps: 0 });
-        Self { state, growth_interval: growth_interval.max(1), consecutive_skips: 0 }
+        Self { state, growth_interval: growth_interval.max(1) }
     }
 
     /// The factor the loss is multiplied by (1 without scaling).
@@ -58,7 +57,6 @@ impl LossScaler {
     pub fn update(&mut self, finite: bool) -> Verdict {
         let Some(s) = self.state.as_mut() else { return Verdict::Apply };
         if finite {
-            self.consecutive_skips = 0;
             s.clean_steps += 1;
             if s.clean_steps >= self.growth_interval {
                 s.scale *= 2.0;
@@ -66,16 +64,10 @@ impl LossScaler {
             }
             Verdict::Apply
         } else {
-            self.consecutive_skips += 1;
             s.scale *= 0.5;
             s.clean_steps = 0;
             Verdict::Skip
         }
-    }
-
-    /// Overflowing steps in a row so far.
-    pub fn consecutive_skips(&self) -> u32 {
-        self.consecutive_skips
     }
 
     pub fn state(&self) -> Option<LossScaleState> {
@@ -98,13 +90,13 @@ mod tests {
     fn overflow_halves_clean_steps_double_and_no_scaling_is_one() {
         let mut s = LossScaler::new(true, 65536.0, 3);
         assert_eq!(s.update(false), Verdict::Skip);
-        assert_eq!((s.scale(), s.consecutive_skips()), (32768.0, 1));
+        assert_eq!(s.scale(), 32768.0);
         for _ in 0..2 {
             assert_eq!(s.update(true), Verdict::Apply);
         }
         assert_eq!(s.scale(), 32768.0);
         s.update(true);
-        assert_eq!((s.scale(), s.consecutive_skips()), (65536.0, 0));
+        assert_eq!(s.scale(), 65536.0);
         let mut off = LossScaler::new(false, 65536.0, 3);
         assert_eq!((off.update(false), off.scale()), (Verdict::Apply, 1.0));
         let mut resumed = LossScaler::new(true, 65536.0, 3);

@@ -310,10 +310,10 @@ impl Trainer {
             self.skipped_steps += 1;
             let allowed = self.cfg.fault.skip_nonfinite_steps;
             if verdict == Verdict::Skip {
-                if self.scaler.consecutive_skips() > MAX_CONSECUTIVE_SKIPS {
+                if self.bad_steps > MAX_CONSECUTIVE_SKIPS {
                     bail!(
                         "step {step}: {} overflowing steps in a row (the loss is {loss_sum}, the loss scale now {:e}): the loss itself is not finite in float16; try `training.mixed_precision_param = \"float32\"` or a lower `optimizer.lr`",
-                        self.scaler.consecutive_skips(),
+                        self.bad_steps,
                         self.scaler.scale()
                     );
                 }
