@@ -45,7 +45,28 @@ fn mpi_mismatch_failure_and_hang_end_every_process_with_the_error() {
     assert!(String::from_utf8_lossy(&o.stderr).contains(": injected failure"));
     let t = std::time::Instant::now();
     let o = mpirun(2, &["bench", "comm", "--inject-fault", "hang", "--timeout-seconds", "2"]);
-    assert_fails_fast(&o, t, "collective timed out: rank 0 waited 2.0s in barrier");
+    assert_fails_fast(&o, t, "collective timed out: rank 0 (host ");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("waited 2.0s in barrier"));
+}
+
+/// A training rank that never enters its next collective (rank 1 of FSDP 2, at step 2): rank 0
+/// times out after `comm.train_timeout_seconds`, writes what it waited for into the dump
+/// folder's `hang_report.txt`, names rank 1 as never arrived and ends the job.
+#[test]
+fn mpi_hang_report_names_the_rank_that_never_arrived() {
+    let d = tempfile::tempdir().unwrap();
+    let mut args = tiny_args(d.path(), 3);
+    args.extend(
+        ["--parallelism.data_parallel_shard_degree", "2", "--debug.fail_at_steps", "[2]", "--debug.fail_rank", "1"]
+            .iter()
+            .chain(&["--debug.fail_mode", "hang", "--comm.train_timeout_seconds", "3"])
+            .map(|s| s.to_string()),
+    );
+    let t = std::time::Instant::now();
+    let o = mpirun(2, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_fails_fast(&o, t, "ranks [1] never arrived");
+    let report = std::fs::read_to_string(d.path().join("hang_report.txt")).expect("hang_report.txt");
+    assert!(report.contains("rank 0 (host ") && report.contains("waited 3.0s in "), "{report}");
 }
 
 /// DDP, FSDP, TP and PP as two MPI processes give exactly the losses of the two-thread runs: both
@@ -139,7 +160,7 @@ fn gpu_ranks_under_mpirun_train_and_a_killed_one_ends_the_job() {
     let t = std::time::Instant::now();
     let killed = tiny_args(&d.path().join("killed"), 4);
     let mut all: Vec<&str> = killed.iter().map(String::as_str).chain(layout.iter().copied()).collect();
-    all.extend_from_slice(&["--debug.fail_at_steps", "[2]", "--debug.fail_rank", "3", "--debug.fail_mode", "kill", "--comm.timeout_seconds", "30"]);
+    all.extend_from_slice(&["--debug.fail_at_steps", "[2]", "--debug.fail_rank", "3", "--debug.fail_mode", "kill", "--comm.train_timeout_seconds", "30"]);
     let o = mpirun(4, &all);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "{err}");

@@ -89,11 +89,11 @@ fn steps(dump: &Path) -> Vec<(f64, f64)> {
 
 const FSDP_TP: &str = "--parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2 --training.local_batch_size 4";
 const PP_FSDP: &str = "--parallelism.data_parallel_shard_degree 2 --parallelism.pipeline_parallel_degree 2 --training.local_batch_size 4";
-const CK: &str = "--checkpoint.enable true --checkpoint.interval 2 --comm.timeout_seconds 30";
+const CK: &str = "--checkpoint.enable true --checkpoint.interval 2 --comm.train_timeout_seconds 30";
 
 /// 2 hosts × 2 ranks: FSDP 2 × TP 2 equals one rank; its checkpoint resumes as PP 2 × FSDP 2
 /// across the hosts; a shaped link gives the same steps bit for bit; a process killed on host 2
-/// ends every rank within `comm.timeout_seconds` with its rank and host named; and
+/// ends every rank within `comm.train_timeout_seconds` with its rank and host named; and
 /// `--max-restarts 2` through two killed processes gives the uninterrupted run's steps exactly.
 #[test]
 fn training_across_namespace_hosts() {
@@ -132,7 +132,7 @@ fn training_across_namespace_hosts() {
     let o = hosts.mpirun(4, &args(&d.path().join("killed"), 4, &format!("{FSDP_TP} {CK} --debug.fail_at_steps [2] --debug.fail_rank 3")));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "{err}");
-    assert!(t.elapsed().as_secs() < 30, "took {:?} (comm.timeout_seconds = 30)", t.elapsed());
+    assert!(t.elapsed().as_secs() < 30, "took {:?} (comm.train_timeout_seconds = 30)", t.elapsed());
     assert!(err.contains("process rank 3") && err.contains("node 10.77.0.2"), "mpirun's report lacks rank 3 and its host:\n{err}");
 
     // Elastic restart: rank 3's process killed at step 2, then (after the restart from step 0)

@@ -142,6 +142,14 @@ impl CheckpointFolder {
         Ok(CheckpointReader { dir, files: m.files.into_keys().collect() })
     }
 
+    /// Deletes every checkpoint after step `step` (a rollback to it).
+    pub fn discard_after(&self, step: u64) -> Result<()> {
+        for s in self.steps()?.into_iter().filter(|&s| s > step) {
+            self.discard(&self.step_dir(s)).with_context(|| format!("removing checkpoint step-{s} after a rollback"))?;
+        }
+        Ok(())
+    }
+
     /// Deletes all but the newest `k` checkpoints (`k == 0` keeps all) and stale partial folders.
     pub fn prune(&self, keep_latest_k: usize) -> Result<()> {
         if let Ok(entries) = fs::read_dir(&self.root) {

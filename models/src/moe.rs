@@ -211,6 +211,12 @@ impl MoE {
         self.load.take()
     }
 
+    /// Puts back a [`Load`] taken with [`MoE::take_load`] (passes that must not count, such as
+    /// the trainer's silent-data-corruption probe, run between the two).
+    pub fn restore_load(&self, load: Load) {
+        *self.load.0.lock().expect("load counter") = load;
+    }
+
     pub fn with_fused(mut self, fused: bool) -> Self {
         self.experts.fused = fused;
         self.router.gate.fused = fused;

@@ -5,13 +5,18 @@
 //!
 //! Applied from outside the model as a Burn parameter *reparameterization*: the stored base of a
 //! parameter becomes the shard, and `Param::val()` (what the model's layers call) returns
-//! [`fsdp_all_gather_on`]`(shard)`. The model code is unchanged.
+//! [`fsdp_unshard`]`(shard)`. The model code is unchanged.
+//!
+//! Reshard after forward (TorchTitan's `reshard_after_forward`): with it, the gathered value is
+//! freed once the ops reading it have run, and gathered again in backward (the unshard is an op
+//! autodiff recomputes, see `autograd`); without it, autodiff keeps every gathered parameter from
+//! forward to backward (ZeRO-2's memory). The numbers are the same either way.
 //!
 //! Uneven dim 0 is handled as FSDP2 does: every shard holds `ceil(rows / n)` rows, the last ones
 //! padded with zeros; the gathered value is narrowed back to `rows`. Padding rows get a zero
 //! gradient, so AdamW keeps them at zero and they add nothing to the gradient norm.
 
-use crate::autograd::fsdp_all_gather_on;
+use crate::autograd::fsdp_unshard;
 use crate::comm::{CommExt, CommResult, Communicator};
 use crate::registry::GroupHandle;
 use burn::module::{Module, Param, Reparameterization, Reparameterizer};
@@ -76,23 +81,21 @@ impl Sharding {
 pub struct FsdpParam {
     pub group: u64,
     pub rows: usize,
+    /// Gathered again in backward instead of kept from forward.
+    pub reshard: bool,
 }
 
 impl Reparameterization for FsdpParam {
     const NAME: &'static str = "fsdp";
 
     fn apply<const D: usize>(&self, shard: Tensor<D>) -> Tensor<D> {
-        let full = fsdp_all_gather_on(shard, self.group);
-        if full.dims()[0] == self.rows {
-            full
-        } else {
-            full.narrow(0, 0, self.rows)
-        }
+        fsdp_unshard(shard, self.group, self.rows, self.reshard)
     }
 }
 
 struct FullyShard<'a, F> {
     group_of: F,
+    reshard: bool,
     out: &'a mut Sharding,
 }
 
@@ -115,7 +118,7 @@ impl<F: Fn(&str) -> Option<GroupHandle>> Reparameterizer for FullyShard<'_, F> {
             let (shard, shard_shape) = layout.shard(&data, &shape);
             leaf(Tensor::<D>::from_data(TensorData::new(shard, shard_shape), &device))
         });
-        (sharded, Some(FsdpParam { group: group.id(), rows }))
+        (sharded, Some(FsdpParam { group: group.id(), rows, reshard: self.reshard }))
     }
 }
 
@@ -133,15 +136,21 @@ pub(crate) fn leaf<const D: usize>(t: Tensor<D>) -> Tensor<D> {
 /// Shards every parameter of `model` along dim 0 over `group` (TorchTitan applies `fully_shard`
 /// per block and then to the root; here every parameter is its own unit, gathered when read).
 /// Each parameter is materialised in full once, one at a time, to cut out this rank's rows.
-pub fn fully_shard<M: Module>(model: M, group: &GroupHandle) -> (M, Sharding) {
-    fully_shard_by(model, |_| Some(group.clone()))
+/// `reshard`: reshard after forward (the gathered values are freed and gathered again in
+/// backward).
+pub fn fully_shard<M: Module>(model: M, group: &GroupHandle, reshard: bool) -> (M, Sharding) {
+    fully_shard_by(model, reshard, |_| Some(group.clone()))
 }
 
 /// [`fully_shard`] with a group per parameter (`group_of(path)`; `None` leaves it whole):
 /// expert parallelism shards the routed experts over their own group.
-pub fn fully_shard_by<M: Module>(model: M, group_of: impl Fn(&str) -> Option<GroupHandle>) -> (M, Sharding) {
+pub fn fully_shard_by<M: Module>(
+    model: M,
+    reshard: bool,
+    group_of: impl Fn(&str) -> Option<GroupHandle>,
+) -> (M, Sharding) {
     let mut out = Sharding::default();
-    let model = model.apply_reparameterization(FullyShard { group_of, out: &mut out });
+    let model = model.apply_reparameterization(FullyShard { group_of, reshard, out: &mut out });
     (model, out)
 }
 

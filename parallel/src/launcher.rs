@@ -29,7 +29,7 @@ pub fn run_mpi_rank<T>(timeout: Duration, f: impl FnOnce(crate::comm::MpiComm) -
     let world = crate::comm::MpiWorld::init(timeout)?;
     let comm = world.communicator();
     let rank = crate::comm::Communicator::rank(&comm);
-    let host = hostname();
+    let host = crate::comm::watchdog::hostname();
     match catch_unwind(AssertUnwindSafe(|| f(comm))) {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => {
@@ -43,11 +43,6 @@ pub fn run_mpi_rank<T>(timeout: Duration, f: impl FnOnce(crate::comm::MpiComm) -
     }
 }
 
-/// This host's name (as the kernel knows it in this process's UTS namespace).
-#[cfg(feature = "mpi")]
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "?".into(), |h| h.trim().to_string())
-}
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     p.downcast_ref::<&str>()

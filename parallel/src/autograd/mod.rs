@@ -11,6 +11,11 @@
 //! | [`reduce_scatter_to_group`] | reduce-scatter along `dim` | all-gather along `dim` |
 //! | [`all_gather_to_group`] | all-gather along `dim` | reduce-scatter along `dim` |
 //! | [`fsdp_all_gather`] | all-gather along dim 0 | reduce-scatter along dim 0 |
+//! | [`fsdp_unshard`] | all-gather along dim 0, first `rows` kept | zero-pad, reduce-scatter |
+//!
+//! [`fsdp_unshard`] with `reshard` set is FSDP's reshard after forward: its output is marked
+//! recomputable, so the ops that read it (the linears) keep a recipe instead of the gathered
+//! value; their backward all-gathers the shard again (see `autodiff.rs`).
 //!
 //! Backward steps run in an order fixed by the graph's shape, so ranks with identical graphs
 //! issue these collectives in the same order (tested).
@@ -36,6 +41,15 @@ pub trait CollectiveOps: Backend {
     fn dist_collective(x: FloatTensor<Self>, fwd: u32, bwd: u32, dim: usize, group: u64) -> FloatTensor<Self> {
         let _ = bwd;
         staged::run::<Self>(x, Prim::from_code(fwd), dim, group)
+    }
+
+    /// FSDP's parameter read: the shards of group `group` all-gathered along dim 0 and cut to
+    /// `rows`; under autodiff the gradient is zero-padded back and reduce-scattered. `reshard`:
+    /// the gathered value is not kept for backward but gathered again there.
+    #[fusion(default)]
+    fn fsdp_unshard(x: FloatTensor<Self>, group: u64, rows: usize, reshard: bool) -> FloatTensor<Self> {
+        let _ = reshard;
+        staged::unshard::<Self>(x, group, rows)
     }
 }
 
@@ -93,6 +107,12 @@ pub fn fsdp_all_gather<const D: usize>(shard: Tensor<D>, g: &GroupHandle) -> Ten
 /// [`fsdp_all_gather`] on a group named by its registry id (what a parameter can store).
 pub fn fsdp_all_gather_on<const D: usize>(shard: Tensor<D>, group: u64) -> Tensor<D> {
     op_on(shard, Prim::AllGather, Prim::ReduceScatter, 0, group)
+}
+
+/// FSDP's parameter op on a parameter of `rows` rows sharded over `group` (see
+/// [`CollectiveOps::fsdp_unshard`]); `reshard`: gathered again in backward instead of kept.
+pub fn fsdp_unshard<const D: usize>(shard: Tensor<D>, group: u64, rows: usize, reshard: bool) -> Tensor<D> {
+    Tensor::from_dispatch(Dispatch::fsdp_unshard(shard.into_dispatch(), group, rows, reshard))
 }
 
 #[cfg(test)]

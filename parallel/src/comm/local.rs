@@ -7,6 +7,7 @@
 //! time out with a per-rank history of the last collectives; a failed rank aborts the world.
 
 use super::exchange::{self, Exchange};
+use super::watchdog::{self, Watchdog};
 use super::{CallInfo, CommError, CommResult, Communicator, DType, ReduceOp};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -47,7 +48,7 @@ type MailKey = (usize, usize, u32);
 /// The shared state of one run: groups, mailboxes, flight recorder, abort flag.
 pub struct LocalWorld {
     size: usize,
-    timeout: Duration,
+    watchdog: Watchdog,
     aborted: AtomicBool,
     first_error: Mutex<Option<String>>,
     groups: Mutex<HashMap<Vec<usize>, Arc<Group>>>,
@@ -64,7 +65,7 @@ impl LocalWorld {
     pub fn new(size: usize, timeout: Duration) -> Arc<Self> {
         Arc::new(Self {
             size,
-            timeout,
+            watchdog: Watchdog::new(timeout),
             aborted: AtomicBool::new(false),
             first_error: Mutex::new(None),
             groups: Mutex::new(HashMap::new()),
@@ -131,6 +132,25 @@ impl LocalWorld {
     fn record_done(&self, rank: usize, group: &[usize], seq: u64) {
         if let Some(rec) = lock(&self.recorder[rank]).iter_mut().rev().find(|r| r.seq == seq && r.group == group) {
             rec.done = true;
+        }
+    }
+
+    /// The watchdog's timeout and hang report (every group of this world).
+    pub fn watchdog(&self) -> &Watchdog {
+        &self.watchdog
+    }
+
+    /// The timeout message of rank `me` waiting in `what` on `group`: who arrived, who never
+    /// did, and every rank's last collectives; also appended to the hang report file.
+    fn hang_report(&self, me: usize, what: &str, group: &[usize], arrived: &[usize], missing: &[usize]) -> String {
+        let head = watchdog::waiting_line(me, &watchdog::hostname(), self.watchdog.timeout(), what, group);
+        let body = format!(
+            "{head}; ranks {arrived:?} arrived, ranks {missing:?} never arrived. Last collectives of each rank:{}",
+            self.flight_report()
+        );
+        match self.watchdog.write(&body) {
+            Some(path) => format!("{body}\n(hang report: {})", path.display()),
+            None => body,
         }
     }
 
@@ -236,14 +256,11 @@ impl Exchange for LocalComm {
             if let Err(e) = self.world.check_abort() {
                 return Err(e);
             }
-            if start.elapsed() > self.world.timeout {
+            if self.world.watchdog.expired(start) {
                 let arrived: Vec<usize> = (0..n).filter(|&r| slot.infos[r].is_some()).map(|r| self.global(r)).collect();
-                let e = CommError::Timeout(format!(
-                    "rank {me} waited {:.1}s in {info} #{seq} on group {:?}; ranks {arrived:?} arrived. Last collectives of each rank:{}",
-                    self.world.timeout.as_secs_f64(),
-                    self.group.ranks,
-                    self.world.flight_report()
-                ));
+                let missing: Vec<usize> = self.group.ranks.iter().copied().filter(|r| !arrived.contains(r)).collect();
+                let what = format!("{info} #{seq}");
+                let e = CommError::Timeout(self.world.hang_report(me, &what, &self.group.ranks, &arrived, &missing));
                 slot.error.get_or_insert(e.clone());
                 return Err(e);
             }
@@ -293,12 +310,9 @@ impl Communicator for LocalComm {
                 return Ok(());
             }
             self.world.check_abort()?;
-            if start.elapsed() > self.world.timeout {
-                return Err(CommError::Timeout(format!(
-                    "rank {me} waited {:.1}s to receive {want} from rank {from} with tag {tag}. Last collectives of each rank:{}",
-                    self.world.timeout.as_secs_f64(),
-                    self.world.flight_report()
-                )));
+            if self.world.watchdog.expired(start) {
+                let what = format!("a receive of {want} from rank {from} with tag {tag}");
+                return Err(CommError::Timeout(self.world.hang_report(me, &what, &[from, me], &[me], &[from])));
             }
             mail = self.world.mail_cv.wait_timeout(mail, TICK).unwrap_or_else(|p| p.into_inner()).0;
         }
@@ -306,6 +320,10 @@ impl Communicator for LocalComm {
 
     fn barrier(&self) -> CommResult<()> {
         exchange::barrier(self)
+    }
+
+    fn watchdog(&self) -> &Watchdog {
+        &self.world.watchdog
     }
 
     fn sub_group(&self, global_ranks: &[usize]) -> CommResult<Box<dyn Communicator>> {

@@ -10,6 +10,7 @@ mod local;
 mod mpi;
 mod reduce;
 pub mod timing;
+pub mod watchdog;
 
 pub use local::{LocalComm, LocalWorld};
 #[cfg(feature = "mpi")]
@@ -99,6 +100,9 @@ pub trait Communicator: Send + Sync {
     fn send_bytes(&self, buf: &[u8], dtype: DType, dst: usize, tag: u32) -> CommResult<()>;
     fn recv_bytes(&self, buf: &mut [u8], dtype: DType, src: usize, tag: u32) -> CommResult<()>;
     fn barrier(&self) -> CommResult<()>;
+    /// The timeout of waits and the hang report, shared by every group of this world: setting
+    /// them on one group sets them for all.
+    fn watchdog(&self) -> &watchdog::Watchdog;
     /// The sub-group of the given *global* ranks (which must include this rank). Every member
     /// must ask for the same set.
     fn sub_group(&self, global_ranks: &[usize]) -> CommResult<Box<dyn Communicator>>;

@@ -3,13 +3,16 @@
 //! Collectives use the same exchange as the `local` backend — every rank's call header is
 //! all-gathered and compared first (a mismatch is an error naming both calls), then the data is
 //! all-gathered and reduced in rank order — so an MPI run gives bitwise the same numbers as a
-//! threads run. Waits poll non-blocking requests against `timeout`; on a timeout the rank prints
-//! its last collectives and aborts the MPI job, so no process is left hanging.
+//! threads run. Waits poll non-blocking requests against the watchdog's timeout; on a timeout the
+//! rank appends what it waited for to the hang report, gives the other ranks a moment to do the
+//! same, names the ranks that never arrived, and aborts the MPI job, so no process is left
+//! hanging.
 //!
 //! Sub-groups are made with `MPI_Comm_split`, so every rank of the parent must call
 //! [`Communicator::sub_group`] at the same point, each with its own group — as mesh setup does.
 
 use super::exchange::{self, Exchange};
+use super::watchdog::{self, Watchdog};
 use super::{CallInfo, CommError, CommResult, Communicator, DType, ReduceOp};
 use mpi::environment::Universe;
 use mpi::point_to_point::MatchedReceiveVec;
@@ -28,7 +31,7 @@ const HEADER: usize = 6;
 /// The initialised MPI environment of this process.
 pub struct MpiWorld {
     universe: Arc<Universe>,
-    timeout: Duration,
+    watchdog: Arc<Watchdog>,
 }
 
 impl MpiWorld {
@@ -36,13 +39,13 @@ impl MpiWorld {
     pub fn init(timeout: Duration) -> Result<Self, CommError> {
         let universe = mpi::initialize()
             .ok_or_else(|| CommError::Invalid("MPI was already initialised in this process".into()))?;
-        Ok(Self { universe: Arc::new(universe), timeout })
+        Ok(Self { universe: Arc::new(universe), watchdog: Arc::new(Watchdog::new(timeout)) })
     }
 
     pub fn communicator(&self) -> MpiComm {
         let comm = self.universe.world();
         let size = comm.size() as usize;
-        MpiComm::new(comm, (0..size).collect(), self.universe.clone(), self.timeout)
+        MpiComm::new(comm, (0..size).collect(), self.universe.clone(), self.watchdog.clone())
     }
 
     /// Ends every process of the job with `code`.
@@ -61,7 +64,7 @@ pub struct MpiComm {
     ranks: Vec<usize>,
     rank: usize,
     seq: AtomicU64,
-    timeout: Duration,
+    watchdog: Arc<Watchdog>,
     history: Mutex<VecDeque<String>>,
     outbox: Mutex<Vec<Pending>>,
     _universe: Arc<Universe>,
@@ -98,14 +101,14 @@ fn decode(h: &[u64]) -> String {
 }
 
 impl MpiComm {
-    fn new(comm: SimpleCommunicator, ranks: Vec<usize>, universe: Arc<Universe>, timeout: Duration) -> Self {
+    fn new(comm: SimpleCommunicator, ranks: Vec<usize>, universe: Arc<Universe>, watchdog: Arc<Watchdog>) -> Self {
         let rank = comm.rank() as usize;
         Self {
             comm,
             ranks,
             rank,
             seq: AtomicU64::new(0),
-            timeout,
+            watchdog,
             history: Mutex::new(VecDeque::new()),
             outbox: Mutex::new(Vec::new()),
             _universe: universe,
@@ -124,21 +127,29 @@ impl MpiComm {
         h.push_back(what);
     }
 
-    /// Reports a timeout and ends the job: an outstanding MPI request cannot be abandoned.
+    /// Reports a timeout and ends the job: an outstanding MPI request cannot be abandoned. The
+    /// rank's block goes into the hang report; after a grace period (the other ranks waiting in
+    /// the same collective time out within it and write theirs) the ranks of the group with no
+    /// block are named as never arrived.
     fn timed_out(&self, what: &str) -> ! {
-        let h = self.history.lock().unwrap_or_else(|p| p.into_inner());
-        eprintln!(
-            "error: collective timed out: rank {} waited {:.1}s in {what} on group {:?}. Its last collectives: {}",
-            self.me(),
-            self.timeout.as_secs_f64(),
-            self.ranks,
-            h.iter().cloned().collect::<Vec<_>>().join("; ")
-        );
+        let last = self.history.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect::<Vec<_>>().join("; ");
+        let timeout = self.watchdog.timeout();
+        let head = watchdog::waiting_line(self.me(), &watchdog::hostname(), timeout, what, &self.ranks);
+        let mut message = format!("{head}. Its last collectives: {last}");
+        if let Some(path) = self.watchdog.write(&message) {
+            std::thread::sleep((timeout / 4).clamp(Duration::from_secs(1), Duration::from_secs(10)));
+            let absent = watchdog::absent_from_report(&path, what, &self.ranks);
+            message.push_str(&format!(
+                "\nranks {absent:?} never arrived (no block waiting in it in the hang report {})",
+                path.display()
+            ));
+        }
+        eprintln!("error: collective timed out: {message}");
         self.comm.abort(3)
     }
 
     fn poll_wait(&self, start: Instant, spins: &mut u32, what: &str) {
-        if start.elapsed() > self.timeout {
+        if self.watchdog.expired(start) {
             self.timed_out(what);
         }
         *spins += 1;
@@ -304,6 +315,10 @@ impl Communicator for MpiComm {
         exchange::barrier(self)
     }
 
+    fn watchdog(&self) -> &Watchdog {
+        &self.watchdog
+    }
+
     fn sub_group(&self, global_ranks: &[usize]) -> CommResult<Box<dyn Communicator>> {
         let world = self._universe.world().size() as usize;
         let (ranks, _) = exchange::sub_group_ranks(global_ranks, self.me(), world)?;
@@ -318,6 +333,6 @@ impl Communicator for MpiComm {
                 comm.size()
             )));
         }
-        Ok(Box::new(MpiComm::new(comm, ranks, self._universe.clone(), self.timeout)))
+        Ok(Box::new(MpiComm::new(comm, ranks, self._universe.clone(), self.watchdog.clone())))
     }
 }

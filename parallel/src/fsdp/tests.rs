@@ -60,7 +60,7 @@ fn sharded_forward_and_gradients_equal_the_unsharded_ones() {
             let r = c.rank();
             let want_loss = want_losses[r];
             let group = register(Box::new(c));
-            let (m, sharding) = fully_shard(tiny(&device), &group);
+            let (m, sharding) = fully_shard(tiny(&device), &group, false);
             let (lw, lg) = (sharding.layout("w").unwrap(), sharding.layout("g").unwrap());
             assert_eq!(m.w.base().dims(), [5usize.div_ceil(n), 3]);
             assert_eq!(m.g.base().dims(), [3usize.div_ceil(n)]);

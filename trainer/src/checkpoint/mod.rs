@@ -35,6 +35,7 @@ use titan_checkpoints::sharded::tools::open_sources;
 use titan_checkpoints::{CheckpointFolder, CheckpointReader};
 use titan_data::{DataLoader, LoaderState};
 use crate::optim::loss_scale::{LossScaleState, LossScaler};
+use crate::optim::loss_spike::LossSpikes;
 use titan_models::ModelArgs;
 
 /// Everything in a checkpoint besides tensors.
@@ -50,6 +51,9 @@ struct TrainState {
     /// float16's dynamic loss scale (absent in checkpoints of runs without it).
     #[serde(default)]
     loss_scale: Option<LossScaleState>,
+    /// Loss-spike history and the data windows rollbacks skipped (absent in older checkpoints).
+    #[serde(default)]
+    loss_spikes: LossSpikes,
 }
 
 /// A rank's training state as a checkpoint sees it, borrowed from the trainer: what a save
@@ -67,6 +71,7 @@ pub struct TrainingState<'a> {
     pub rank: &'a RankContext,
     pub device: &'a Device,
     pub scaler: &'a mut LossScaler,
+    pub spikes: &'a mut LossSpikes,
 }
 
 /// Opens (verified) a `step-N` folder, or the latest step in a folder holding them, or in a
@@ -142,6 +147,7 @@ impl Checkpointer {
                 seed: cfg.training.seed,
                 flavor: cfg.model.flavor.clone(),
                 loss_scale: s.scaler.state(),
+                loss_spikes: s.spikes.clone(),
             };
             vec![
                 ("train_state.json".to_string(), serde_json::to_vec_pretty(&ts)?),

@@ -33,6 +33,26 @@ impl Checkpointer {
     }
 }
 
+impl Checkpointer {
+    /// Loss-spike rollback: loads the latest checkpoint before step `before` into `s`; with
+    /// `discard` (one rank) the later checkpoints are removed. Returns the step loaded.
+    pub fn roll_back(&self, s: &mut TrainingState, before: u64, discard: bool) -> Result<u64> {
+        let steps = self.folder.steps()?;
+        let Some(&target) = steps.iter().rev().find(|&&k| k < before) else {
+            bail!(
+                "a loss spike from step {before} on calls for a rollback, but {} holds no checkpoint before step {before} (it holds {steps:?}); checkpoint more often (`checkpoint.interval`) or raise `fault.loss_spike_zscore`",
+                self.folder.root().display()
+            );
+        };
+        let reader = self.folder.open(target)?;
+        load_from(s, &reader).with_context(|| format!("cannot roll back to {}", reader.dir().display()))?;
+        if discard {
+            self.folder.discard_after(target)?;
+        }
+        Ok(target)
+    }
+}
+
 /// Replaces this rank's parameters with their regions read from `src` (any layout).
 fn load_model(s: &mut TrainingState, src: &dyn TensorSource, slots: &[slots::Slot]) -> Result<()> {
     // A tensor this rank must report as extra: one no stage of the whole model has, or one
@@ -130,6 +150,7 @@ fn load_from(s: &mut TrainingState, r: &CheckpointReader) -> Result<()> {
     if !skip(LoadablePart::TrainState) {
         *s.step = ts.step;
         s.scaler.load(ts.loss_scale);
+        *s.spikes = ts.loss_spikes;
     }
     Ok(())
 }

@@ -131,10 +131,22 @@ impl Precision {
 }
 
 choice!(
-    /// `parallelism.fsdp_reshard_after_forward` (TorchTitan's values; "always" is refused by
-    /// validation, with the reason).
+    /// `parallelism.fsdp_reshard_after_forward` (TorchTitan's values): free each gathered
+    /// parameter after forward and gather it again in backward; `default` = `always` except under
+    /// pipeline parallelism (each microbatch's backward would gather again).
     ReshardAfterForward { Default = "default", Always = "always", Never = "never" }
 );
+
+impl ReshardAfterForward {
+    /// Whether gathered parameters are freed after forward, with `pipeline` stages or not.
+    pub fn reshards(self, pipeline: bool) -> bool {
+        match self {
+            ReshardAfterForward::Default => !pipeline,
+            ReshardAfterForward::Always => true,
+            ReshardAfterForward::Never => false,
+        }
+    }
+}
 
 choice!(
     /// `parallelism.context_parallel_rotate_method`.
@@ -193,8 +205,19 @@ choice!(
 );
 
 choice!(
+    /// `fault.sdc_action`: what a silent-data-corruption finding does.
+    SdcAction { Stop = "stop", Warn = "warn" }
+);
+
+choice!(
+    /// `debug.sdc_flip`: the injected corruption — in one of the check's two runs (`transient`)
+    /// or in both (`persistent`).
+    SdcFlip { Transient = "transient", Persistent = "persistent" }
+);
+
+choice!(
     /// `debug.fail_mode`: how an injected failure fails.
-    FailMode { Kill = "kill", Error = "error" }
+    FailMode { Kill = "kill", Error = "error", Hang = "hang" }
 );
 
 /// `training.dataset_token_dtype`: the data crate's own enum.

@@ -223,7 +223,11 @@ section!(ActivationCheckpoint {
 section!(Comm {
     /// local
     backend: CommBackend = CommBackend::Local,
-    timeout_seconds: f64 = 100.0,
+    /// How long a collective may wait before the job fails with a hang report, from start-up
+    /// until the first training step is done (model build, checkpoint load, first step).
+    init_timeout_seconds: f64 = 300.0,
+    /// The same after the first training step.
+    train_timeout_seconds: f64 = 100.0,
 });
 
 section!(Validation {
@@ -242,6 +246,29 @@ section!(Fault {
     /// schedule advance), up to this many in a row; one more stops the run. 0: the first stops
     /// it. (float16's loss scaling skips overflowing steps on its own.)
     skip_nonfinite_steps: u32 = 0,
+    /// Straggler detection: each logging window (`metrics.log_freq` steps) every rank's compute
+    /// time and collective time are gathered; a rank computing slower than this many times the
+    /// median of its pipeline stage (and by more than 10 ms per step) is counted. 0 = off.
+    straggler_threshold: f64 = 1.5,
+    /// ... for this many windows in a row: then it is named (rank, host, numbers) in the log, in
+    /// `metrics.jsonl` ("stragglers") and in the step trace.
+    straggler_windows: u32 = 3,
+    /// Silent-data-corruption check every this many steps (0 = off): each rank runs the step's
+    /// forward and backward twice more on a probe batch and compares its gradients bit for bit
+    /// with itself and with its data-parallel replicas (about two more passes on those steps).
+    sdc_check_interval: u64 = 0,
+    /// stop | warn: what a rank found at fault does (named with its host either way).
+    sdc_action: SdcAction = SdcAction::Stop,
+    /// Loss-spike rollback: a step whose loss has a robust z-score (against the last
+    /// `loss_spike_window` losses: median and MAD) above this is a spike; 0 = off. Needs
+    /// `checkpoint.enable`.
+    loss_spike_zscore: f64 = 0.0,
+    loss_spike_window: usize = 100,
+    /// ... this many spikes in a row roll the run back to the last checkpoint before the first
+    /// of them, skipping the data read since (recorded, checkpointed, logged).
+    loss_spike_steps: u32 = 1,
+    /// One rollback more than this stops the run.
+    max_rollbacks: u32 = 3,
 });
 
 section!(Debug {
@@ -261,8 +288,21 @@ section!(Debug {
     fail_at_steps: Vec<u64> = Vec::new(),
     /// The world rank that fails; -1 = the last.
     fail_rank: i64 = -1,
-    /// kill (SIGKILL the rank's process) | error (the rank returns an error)
+    /// kill (SIGKILL the rank's process) | error (the rank returns an error) | hang (the rank
+    /// never enters its next collective)
     fail_mode: FailMode = FailMode::Kill,
+    /// A slow rank for the straggler tests: this world rank sleeps `slow_seconds` in every step's
+    /// compute; -1 = none.
+    slow_rank: i64 = -1,
+    slow_seconds: f64 = 0.0,
+    /// Spiking batches for the rollback tests: the batch each listed step reads in an
+    /// uninterrupted run gets scrambled targets (a bad data window; after a rollback skips it,
+    /// the step number is read from other data and is not scrambled).
+    spike_at_steps: Vec<u64> = Vec::new(),
+    /// Flip one bit of this world rank's gradient in the silent-data-corruption check; -1 = none.
+    sdc_flip_rank: i64 = -1,
+    /// transient (one of the check's two runs) | persistent (both)
+    sdc_flip: SdcFlip = SdcFlip::Transient,
     /// Which attempt this is: set by `titan-rs train --max-restarts` for the jobs it restarts.
     restart_attempt: usize = 0,
 });

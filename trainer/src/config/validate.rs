@@ -97,11 +97,6 @@ pub fn validate(c: &JobConfig) -> Result<()> {
             t.mixed_precision_param, p.tensor_parallel_degree
         ));
     }
-    if p.fsdp_reshard_after_forward == ReshardAfterForward::Always {
-        e.push(
-            "`parallelism.fsdp_reshard_after_forward` = \"always\" is not supported: Burn's autodiff keeps each gathered parameter for its backward, so parameters stay gathered from forward to backward; use \"never\" (or \"default\", which means \"never\" here)".into(),
-        );
-    }
     let k = &c.checkpoint;
     positive(&mut e, "checkpoint.interval", k.interval);
     if k.load_step < -1 {
@@ -134,8 +129,33 @@ pub fn validate(c: &JobConfig) -> Result<()> {
     if let Err(m) = c.activation_checkpoint.policy() {
         e.push(m);
     }
-    if !(c.comm.timeout_seconds > 0.0) {
-        e.push(format!("`comm.timeout_seconds` = {} must be > 0", c.comm.timeout_seconds));
+    let f = &c.fault;
+    if !(f.straggler_threshold >= 0.0 && f.straggler_threshold.is_finite()) || (f.straggler_threshold > 0.0 && f.straggler_threshold <= 1.0) {
+        e.push(format!(
+            "`fault.straggler_threshold` = {} must be above 1 (times the median compute time), or 0 to turn straggler detection off",
+            f.straggler_threshold
+        ));
+    }
+    positive(&mut e, "fault.straggler_windows", f.straggler_windows as u64);
+    if !(f.loss_spike_zscore >= 0.0 && f.loss_spike_zscore.is_finite()) {
+        e.push(format!("`fault.loss_spike_zscore` = {} must be a positive z-score (e.g. 6), or 0 to turn loss-spike rollback off", f.loss_spike_zscore));
+    }
+    if f.loss_spike_zscore > 0.0 {
+        if !c.checkpoint.enable {
+            e.push("`fault.loss_spike_zscore` rolls back to checkpoints: set `checkpoint.enable` = true (or `fault.loss_spike_zscore` = 0)".to_string());
+        }
+        if f.loss_spike_window < 10 {
+            e.push(format!("`fault.loss_spike_window` = {} must be at least 10 losses", f.loss_spike_window));
+        }
+        positive(&mut e, "fault.loss_spike_steps", f.loss_spike_steps as u64);
+    }
+    if !(c.debug.slow_seconds >= 0.0 && c.debug.slow_seconds.is_finite()) {
+        e.push(format!("`debug.slow_seconds` = {} must be a non-negative number of seconds", c.debug.slow_seconds));
+    }
+    for (key, v) in [("init_timeout_seconds", c.comm.init_timeout_seconds), ("train_timeout_seconds", c.comm.train_timeout_seconds)] {
+        if !(v > 0.0 && v.is_finite()) {
+            e.push(format!("`comm.{key}` = {v} must be a positive number of seconds"));
+        }
     }
     let v = &c.validation;
     if v.enable {

@@ -3,9 +3,12 @@
 //!
 //! * Parameters, gradients, AdamW moments: this rank's pipeline stages, its TP slice, its FSDP
 //!   rows; float32 (masters stay float32 under mixed precision).
-//! * FSDP-gathered parameters: each read of a sharded parameter all-gathers it; a block's
-//!   gathered weights stay alive from its forward to its backward unless the block is
-//!   checkpointed (then only the block being recomputed holds them).
+//! * FSDP-gathered parameters: each read of a sharded parameter all-gathers it. Without reshard
+//!   after forward a block's gathered weights stay alive from its forward to its backward unless
+//!   the block is checkpointed (then only the block being recomputed holds them); with it only
+//!   the token embedding's (Burn's embedding op keeps its weight) stay, and backward holds one
+//!   block's gathered weights at a time (in the backward working set). The compute-type copy a
+//!   linear keeps of its weight under mixed precision is kept either way.
 //! * Activations: what autodiff keeps for backward, per block and per microbatch (below), times
 //!   the microbatches a rank holds at once under its pipeline schedule.
 //! * Backward working set: the logits' gradient on the last stage, one block's activation
@@ -165,6 +168,9 @@ pub fn rank_memory(cfg: &JobConfig, args: &ModelArgs, dims: &ParallelDims, pp_ra
     // Lazily initialised: building the stages allocates nothing, it only knows their shapes.
     let stages = layout.build(args, 0, (true, true), &Device::flex());
     let (mut local, mut gathered_kept, mut largest_block, mut largest_param) = (0u64, 0u64, 0u64, 0u64);
+    let reshard = p.fsdp_reshard_after_forward.reshards(layout.split.pp > 1);
+    // With reshard after forward: the gathered float32 weights of the block whose backward runs.
+    let mut regathered_block = 0u64;
     let (mut activations, mut head) = (0.0f64, false);
     for (chunk, &stage) in stages.chunks.iter().zip(&layout.stages) {
         let first = layout.split.layers[stage].start;
@@ -195,12 +201,15 @@ pub fn rank_memory(cfg: &JobConfig, args: &ModelArgs, dims: &ParallelDims, pp_ra
             // The compute-type copy a linear keeps of its weight (mixed precision), and the
             // FSDP-gathered value, live until backward unless the block is checkpointed.
             let kept = !block.is_some_and(|b| ac.covers(b));
-            let copies = (shard > 1) as u64 * 4 + (elem != 4) as u64 * elem;
+            let gathered = (shard > 1) as u64 * 4;
+            let fsdp_kept = if reshard && !keeps_its_weight(&spec.path) { 0 } else { gathered };
+            let copies = (elem != 4) as u64 * elem;
             if kept {
-                gathered_kept += full * copies;
+                gathered_kept += full * (fsdp_kept + copies);
             }
             if block == Some(first) {
-                largest_block += full * copies;
+                largest_block += full * (gathered + copies);
+                regathered_block += full * (gathered - fsdp_kept);
             }
         }
         for l in layout.split.layers[stage].clone() {
@@ -232,7 +241,8 @@ pub fn rank_memory(cfg: &JobConfig, args: &ModelArgs, dims: &ParallelDims, pp_ra
     // size run alongside.
     let dlogits = (head as u64) * (4.0 * w.vocab as f64 * tokens) as u64;
     let recompute = if any_ckpt { per_layer + largest_block } else { 0 };
-    let working = dlogits.max(recompute) + 4 * (w.d as f64 * tokens) as u64 * elem;
+    let regathered = if any_ckpt { 0 } else { regathered_block };
+    let working = dlogits.max(recompute + regathered) + 4 * (w.d as f64 * tokens) as u64 * elem;
     // Collectives copy their tensors to host buffers: float32 send and receive copies of the
     // residual stream (TP: the sequence-parallel all-gather and the reduce-scatter / all-reduce;
     // PP: a stage's activation and gradient), and of the largest parameter (FSDP's all-gather
@@ -267,6 +277,12 @@ pub fn rank_memory(cfg: &JobConfig, args: &ModelArgs, dims: &ParallelDims, pp_ra
         reduction_buffers: reduction,
         workspace,
     })
+}
+
+/// Whether the op reading a parameter keeps its gathered value for backward even with reshard
+/// after forward: Burn's embedding op saves its weight.
+fn keeps_its_weight(path: &str) -> bool {
+    path.starts_with("tok_embeddings.")
 }
 
 /// The block index of a stage parameter path (`layers.I.…`).

@@ -5,6 +5,7 @@ use super::console::Palette;
 use super::peak::Peak;
 use super::tensorboard::EventWriter;
 use crate::metrics::StepStats;
+use crate::optim::loss_spike::SkippedWindow;
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
@@ -211,6 +212,12 @@ impl MetricsLogger {
             if let Some(scale) = s.loss_scale {
                 line["loss_scale"] = json!(scale);
             }
+            if let Some(suspects) = &s.sdc_suspects {
+                line["sdc_suspects"] = json!(suspects);
+            }
+            if !s.stragglers.is_empty() {
+                line["stragglers"] = json!(s.stragglers);
+            }
             if s.skipped || s.loss_scale.is_some() {
                 line["skipped"] = json!(s.skipped);
             }
@@ -265,6 +272,24 @@ impl MetricsLogger {
 
     pub fn note(&self, line: &str) {
         self.say(line);
+    }
+
+    /// A loss-spike rollback: the console line and a `{"step", "rollback": {...}}` line in
+    /// `metrics.jsonl`. The history keeps only steps before the one rolled back to (they run
+    /// again).
+    pub fn rollback(&mut self, step: u64, window: &SkippedWindow, zscore: f64) -> Result<()> {
+        self.say(&format!(
+            "step {step}: loss spike (robust z-score {zscore:.1}): rolled back to step {}, skipping samples [{}, {}) (`fault.loss_spike_zscore`)",
+            window.resumed_from_step, window.first_sample, window.end_sample
+        ));
+        let back = window.resumed_from_step;
+        self.history.retain(|&(s, _)| s <= back);
+        self.lr_history.retain(|&(s, _)| s <= back);
+        self.grad_norm_history.retain(|&(s, _)| s <= back);
+        if let Some(f) = self.jsonl.as_mut() {
+            writeln!(f, "{}", json!({"step": step, "rollback": window, "zscore": zscore}))?;
+        }
+        Ok(())
     }
 
     /// Draws the training curves into `path`; returns the console summary.

@@ -10,6 +10,7 @@
 //!   picture of them.
 
 pub mod console;
+pub mod straggler;
 pub mod logger;
 pub mod peak;
 pub mod plot;
@@ -18,4 +19,4 @@ pub mod tensorboard;
 pub mod trace;
 
 pub use logger::{memory_gib, MetricsLogger, Sinks};
-pub use step::StepStats;
+pub use step::{StepStats, Suspect};

@@ -32,4 +32,27 @@ pub struct StepStats {
     pub skipped: bool,
     /// float16 with dynamic loss scaling: the scale this step ran with.
     pub loss_scale: Option<f64>,
+    /// The silent-data-corruption check ran this step: the ranks it found at fault.
+    pub sdc_suspects: Option<Vec<Suspect>>,
+    /// Ranks named as stragglers at the end of this logging window.
+    pub stragglers: Vec<super::straggler::Straggler>,
+}
+
+/// A rank the silent-data-corruption check found at fault.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Suspect {
+    pub rank: usize,
+    pub host: String,
+    /// "re-execution" (its two runs differ) or "replica" (its replicas computed other bits).
+    pub check: String,
+}
+
+impl std::fmt::Display for Suspect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match self.check.as_str() {
+            "re-execution" => "gave different gradients when the same step ran twice",
+            _ => "computed gradients that differ from its replicas' for the same input",
+        };
+        write!(f, "rank {} (host {}) {what}", self.rank, self.host)
+    }
 }

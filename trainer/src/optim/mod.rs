@@ -5,6 +5,7 @@
 pub mod adamw;
 pub mod expert_bias;
 pub mod loss_scale;
+pub mod loss_spike;
 pub mod lr_schedule;
 
 pub use adamw::{AdamW, AdamWConfig};

@@ -46,6 +46,32 @@ pub fn squared_norms<M: Module>(model: &M, grads: &GradientsParams) -> Vec<(Para
     v.ids.into_iter().zip(titan_kernels::resolve_sum_squares(v.sums)).collect()
 }
 
+/// A hash of every gradient's bits, in the model's parameter order (the silent-data-corruption
+/// check compares it); `flip`: one bit of the first gradient flipped first (fault injection).
+pub fn hash<M: Module>(model: &M, grads: &GradientsParams, flip: bool) -> u64 {
+    use std::hash::Hasher;
+    struct Bits<'a> {
+        grads: &'a GradientsParams,
+        hasher: std::collections::hash_map::DefaultHasher,
+        flip: bool,
+    }
+    impl ModuleVisitor for Bits<'_> {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+            let Some(g) = self.grads.get::<D>(p.id) else { return };
+            let data = g.into_data().convert::<f32>();
+            let mut bits: Vec<u32> = data.as_slice::<f32>().expect("f32 gradient").iter().map(|x| x.to_bits()).collect();
+            if std::mem::take(&mut self.flip) {
+                bits[0] ^= 1;
+            }
+            self.hasher.write_usize(bits.len());
+            bits.iter().for_each(|&b| self.hasher.write_u32(b));
+        }
+    }
+    let mut v = Bits { grads, hasher: Default::default(), flip };
+    model.visit(&mut v);
+    v.hasher.finish()
+}
+
 /// The factor that scales the gradient to `max_norm` (1 when within it or clipping is off),
 /// as `torch.nn.utils.clip_grads_with_norm_`.
 pub fn clip_coefficient(norm: f64, max_norm: f64) -> f64 {

@@ -78,15 +78,21 @@ impl Placement {
     }
 }
 
+/// How the parallelisms are applied, beyond the mesh.
+#[derive(Debug, Clone, Copy)]
+pub struct ParallelOptions {
+    /// TP splits the sequence too (norms and residual stream).
+    pub sequence_parallel: bool,
+    pub cp_rotate: Rotate,
+    /// FSDP frees gathered parameters after forward and gathers them again in backward.
+    pub reshard_after_forward: bool,
+}
+
 /// Applies TP, then CP (the attention hook), then EP (the routed experts), then FSDP (over
 /// dp_shard × cp; the routed experts under EP over their own group), to this rank's full
 /// stages (pipeline parallelism chose the stages).
-pub fn parallelize_llama(
-    mut model: RankModel,
-    rank: &RankContext,
-    sequence_parallel: bool,
-    cp_rotate: Rotate,
-) -> (RankModel, Placement) {
+pub fn parallelize_llama(mut model: RankModel, rank: &RankContext, opts: ParallelOptions) -> (RankModel, Placement) {
+    let ParallelOptions { sequence_parallel, cp_rotate, reshard_after_forward } = opts;
     let mut placement = Placement::default();
     if let Some(g) = &rank.tp {
         let (m, tp, hooks) = apply_tensor_parallel(model, g, sequence_parallel, tp_split_dim);
@@ -128,7 +134,7 @@ pub fn parallelize_llama(
     }
     if rank.fsdp.is_some() || rank.efsdp.is_some() {
         let ep = rank.ep.is_some();
-        let (m, s) = fully_shard_by(model, |path| {
+        let (m, s) = fully_shard_by(model, reshard_after_forward, |path| {
             if titan_models::moe::is_balancing_bias(path) {
                 None
             } else if ep && ep_split_dim(path).is_some() {

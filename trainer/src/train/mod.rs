@@ -1,9 +1,12 @@
 //! `titan-rs train`: the loop, top to bottom.
 
 pub mod elastic;
+mod sdc;
 pub mod trainer;
 
 use crate::config::{to_toml, JobConfig};
+use crate::metrics::straggler::StragglerMonitor;
+use crate::optim::loss_spike::{SpikeRule, SpikeVerdict};
 use crate::metrics::{console, peak, trace, MetricsLogger, Sinks};
 use crate::rank::RankContext;
 use crate::train::trainer::Trainer;
@@ -44,7 +47,7 @@ pub fn run(cfg: JobConfig, log_rank: usize, nproc: Option<usize>) -> Result<Summ
     if world == 1 {
         return run_rank(cfg, RankContext::single(), log_rank);
     }
-    let timeout = Duration::from_secs_f64(cfg.comm.timeout_seconds);
+    let timeout = Duration::from_secs_f64(cfg.comm.init_timeout_seconds);
     let summaries = run_ranks_or_exit(world, timeout, Duration::from_secs(10), |comm| {
         let groups = MeshGroups::new(&comm, &dims)?;
         run_rank(cfg.clone(), RankContext::new(groups), log_rank)
@@ -65,7 +68,7 @@ fn mesh(cfg: &JobConfig, world: Option<usize>, what: &str) -> Result<ParallelDim
 #[cfg(feature = "mpi")]
 fn run_mpi(cfg: JobConfig, log_rank: usize) -> Result<Summary> {
     use titan_parallel::Communicator;
-    let timeout = Duration::from_secs_f64(cfg.comm.timeout_seconds);
+    let timeout = Duration::from_secs_f64(cfg.comm.init_timeout_seconds);
     titan_parallel::launcher::run_mpi_rank(timeout, |comm| {
         let dims = mesh(&cfg, Some(comm.size()), "mpirun -np")?;
         if log_rank >= dims.world_size {
@@ -215,6 +218,10 @@ fn save_plot(cfg: &JobConfig, log: &MetricsLogger, dump: &std::path::Path) -> Re
     Ok(Some(format!("{} ({summary})", png.display())))
 }
 
+/// The hang report a timed-out collective appends to, in the dump folder
+/// ([`titan_parallel::comm::watchdog`]).
+pub const HANG_REPORT: &str = "hang_report.txt";
+
 /// One rank's training loop. Every rank runs the same steps, validation and checkpoint calls
 /// (checkpoints are written by every rank, each its own pieces); the logging rank prints and
 /// writes metrics.
@@ -222,6 +229,9 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
     let dump = PathBuf::from(&cfg.job.dump_folder);
     let steps = cfg.training.steps;
     let logs = rank.world_rank == log_rank;
+    if let Some(world) = &rank.world {
+        world.watchdog().set_report(dump.join(HANG_REPORT));
+    }
     let mut t = Trainer::new(cfg, rank)?;
     let cfg = t.cfg.clone();
 
@@ -270,19 +280,65 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
     };
     let (mut final_val, mut final_loss) = (None, None);
 
+    let first_step = t.step + 1;
+    let stage = t.layout.pp_rank;
+    let mut stragglers = StragglerMonitor::new(cfg.fault.straggler_threshold, cfg.fault.straggler_windows, stage);
+    let f = &cfg.fault;
+    let spike_rule = (f.loss_spike_zscore > 0.0).then_some(SpikeRule {
+        zscore: f.loss_spike_zscore,
+        window: f.loss_spike_window,
+        steps: f.loss_spike_steps,
+    });
     while t.step < steps {
         let step = t.step + 1;
         let profiled = trace::should_profile(&cfg, step);
         if profiled {
             titan_profiling::start(t.rank.world_rank, trace::rank_label(&t.rank));
         }
-        let s = {
+        let mut s = {
             let _span = titan_profiling::span("step", "step").arg("step", step);
             t.train_step()?
         };
+        if let (Some(monitor), Some(world)) = (stragglers.as_mut(), t.rank.world.as_deref()) {
+            monitor.record(s.busy_seconds, s.comm_seconds);
+            if step % cfg.metrics.log_freq == 0 {
+                s.stragglers = monitor.end_window(world, t.rank.world_rank)?;
+                for x in &s.stragglers {
+                    let _mark = titan_profiling::span_with(|| format!("straggler: rank {}", x.rank), "fault");
+                    console(&log, &format!("straggler: {x}"));
+                }
+            }
+        }
+        if let (Some(world), true) = (&t.rank.world, step == first_step) {
+            // Start-up is over: collectives now wait at most the training timeout.
+            world.watchdog().set_timeout(Duration::from_secs_f64(cfg.comm.train_timeout_seconds));
+        }
         final_loss = Some(s.loss);
         if let Some(log) = log.as_mut() {
             log.step(&s)?;
+        }
+        if let Some(rule) = spike_rule {
+            match t.spikes.observe(step, s.loss, rule) {
+                SpikeVerdict::Normal => {}
+                SpikeVerdict::Spike { zscore } => console(
+                    &log,
+                    &format!("step {step}: loss spike (robust z-score {zscore:.1} > `fault.loss_spike_zscore`)"),
+                ),
+                SpikeVerdict::RollBack { zscore, first } => {
+                    let done = t.spikes.skipped.len();
+                    if done >= cfg.fault.max_rollbacks as usize {
+                        bail!(
+                            "step {step}: loss spike (robust z-score {zscore:.1}) after {done} rollbacks (`fault.max_rollbacks` = {}); training stopped. The skipped windows are in metrics.jsonl; lower `optimizer.lr` or check the data",
+                            cfg.fault.max_rollbacks
+                        );
+                    }
+                    let window = t.roll_back(step, first)?;
+                    if let Some(log) = log.as_mut() {
+                        log.rollback(step, &window, zscore)?;
+                    }
+                    continue;
+                }
+            }
         }
         if t.validation_enabled() && (step % cfg.validation.freq == 0 || step == steps) {
             let (v, n) = {

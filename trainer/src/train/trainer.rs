@@ -2,14 +2,15 @@
 //! step, validation, checkpoint.
 
 use crate::checkpoint::{Checkpointer, TrainingState};
-use crate::config::{AttentionChoice, DeviceKind, FailMode, JobConfig, LossScaleMode, MaskType, Precision};
+use crate::config::{AttentionChoice, DeviceKind, FailMode, JobConfig, LossScaleMode, MaskType, Precision, SdcAction};
 use crate::metrics::StepStats;
 use crate::optim::LrSchedule;
 use crate::optim::loss_scale::{LossScaler, Verdict, MAX_CONSECUTIVE_SKIPS};
+use crate::optim::loss_spike::{LossSpikes, SkippedWindow};
 use crate::optim::{AdamW, AdamWConfig};
 use crate::paths;
 use crate::rank::grads;
-use crate::rank::parallelize::{parallelize_llama, Placement};
+use crate::rank::parallelize::{parallelize_llama, ParallelOptions, Placement};
 use crate::rank::params;
 use crate::rank::pipeline::{forward_only, run_schedule, RankLayout, StepInputs};
 use crate::rank::{RankContext, RankModel};
@@ -52,6 +53,8 @@ pub struct Trainer {
     pub checkpointer: Checkpointer,
     /// float16's dynamic loss scale (inactive otherwise).
     pub scaler: LossScaler,
+    /// Loss-spike detection and the data windows rollbacks skipped (checkpointed).
+    pub spikes: LossSpikes,
     /// Non-finite steps in a row, and in all (skipped under `fault.skip_nonfinite_steps` or by
     /// the loss scaler).
     bad_steps: u32,
@@ -82,8 +85,13 @@ pub(crate) fn build_stages(
 
 /// Applies the config's parallelisms to this rank's stages.
 fn parallelize(cfg: &JobConfig, stages: RankModel, rank: &RankContext) -> (RankModel, Placement) {
-    let rotate = cfg.parallelism.context_parallel_rotate_method.rotate();
-    let (model, mut placement) = parallelize_llama(stages, rank, cfg.parallelism.enable_sequence_parallel, rotate);
+    let p = &cfg.parallelism;
+    let opts = ParallelOptions {
+        sequence_parallel: p.enable_sequence_parallel,
+        cp_rotate: p.context_parallel_rotate_method.rotate(),
+        reshard_after_forward: p.fsdp_reshard_after_forward.reshards(p.pipeline_parallel_degree > 1),
+    };
+    let (model, mut placement) = parallelize_llama(stages, rank, opts);
     placement.fused_loss = cfg.model.kernels.is_fused();
     (model, placement)
 }
@@ -195,6 +203,7 @@ impl Trainer {
                 cfg.training.loss_scale_init,
                 cfg.training.loss_scale_growth_interval,
             ),
+            spikes: LossSpikes::default(),
             source_names,
             bad_steps: 0,
             skipped_steps: 0,
@@ -212,8 +221,11 @@ impl Trainer {
 
     /// The checkpointer and the state it saves or fills, borrowed apart.
     fn checkpoint_parts(&mut self) -> (&mut Checkpointer, TrainingState<'_>) {
-        let Trainer { cfg, args, model, optim, loader, step, placement, layout, rank, device, checkpointer, scaler, .. } = self;
-        (checkpointer, TrainingState { cfg, args, model, optim, loader, step, placement, layout, rank, device, scaler })
+        let Trainer {
+            cfg, args, model, optim, loader, step, placement, layout, rank, device, checkpointer, scaler, spikes, ..
+        } = self;
+        let state = TrainingState { cfg, args, model, optim, loader, step, placement, layout, rank, device, scaler, spikes };
+        (checkpointer, state)
     }
 
     /// Checkpoints the state after the current step (every rank calls it); see
@@ -221,6 +233,27 @@ impl Trainer {
     pub fn save_checkpoint(&mut self) -> Result<Option<PathBuf>> {
         let (checkpointer, state) = self.checkpoint_parts();
         checkpointer.save(&state)
+    }
+
+    /// Loss-spike rollback: back to the last checkpoint before step `first` (model, optimizer,
+    /// step counter, loss scale, spike history), the data position kept where it is, so the
+    /// samples read since that checkpoint are skipped; the window is recorded. Checkpoints after
+    /// the one rolled back to hold the spike and are discarded.
+    pub fn roll_back(&mut self, spike_step: u64, first: u64) -> Result<SkippedWindow> {
+        self.wait_for_pending_save()?;
+        let position = self.loader.state();
+        let discard = self.rank.world_rank == 0;
+        let (checkpointer, mut state) = self.checkpoint_parts();
+        let target = checkpointer.roll_back(&mut state, first, discard)?;
+        let window = SkippedWindow {
+            spike_step,
+            resumed_from_step: target,
+            first_sample: self.loader.state().samples_consumed,
+            end_sample: position.samples_consumed,
+        };
+        self.loader.load_state(position);
+        self.spikes.skipped.push(window.clone());
+        Ok(window)
     }
 
     /// Commits the background save if every rank's writer has finished (a collective).
@@ -250,10 +283,12 @@ impl Trainer {
         titan_parallel::ep::take_all_to_all_seconds();
         let step = self.step + 1;
         let lr = self.schedule.lr(step);
-        let microbatches = {
+        let first_sample = self.loader.state().samples_consumed;
+        let mut microbatches = {
             let _span = titan_profiling::span("data", "data");
             self.loader.next_step()
         };
+        self.inject_spike(first_sample, &mut microbatches);
         let local: Vec<(Cow<Batch>, Option<Documents>)> = microbatches.iter().map(|b| self.local_batch(b)).collect();
         let local_tokens: usize = local.iter().map(|(b, _)| b.num_tokens()).sum();
         // Every rank's batch has the same shape, so the global token count is known up front.
@@ -279,6 +314,11 @@ impl Trainer {
             loss_sum += out.loss;
             busy += out.busy.as_secs_f64();
         }
+        busy += self.inject_slowness();
+        let sdc_suspects = match self.sdc_due(step) {
+            true => Some(self.sdc_verdict(step, &microbatches[0])?),
+            false => None,
+        };
         let pipeline_seconds = pipeline_start.elapsed().as_secs_f64();
         self.inject_failure(step)?;
         {
@@ -365,7 +405,52 @@ impl Trainer {
             all_to_all_seconds: titan_parallel::ep::take_all_to_all_seconds(),
             skipped,
             loss_scale: self.scaler.enabled().then_some(loss_scale),
+            sdc_suspects,
+            stragglers: Vec::new(),
         })
+    }
+
+    /// The SDC check of `step` ([`super::sdc`]) and what `fault.sdc_action` does with a finding.
+    fn sdc_verdict(&self, step: u64, shape: &Batch) -> Result<Vec<crate::metrics::Suspect>> {
+        let _span = titan_profiling::span("sdc check", "fault");
+        let suspects = self.sdc_check(step, shape)?;
+        if suspects.is_empty() {
+            return Ok(suspects);
+        }
+        let found = suspects.iter().map(|s| s.to_string()).collect::<Vec<_>>().join("; ");
+        match self.cfg.fault.sdc_action {
+            SdcAction::Stop => bail!(
+                "silent-data-corruption check at step {step}: {found}. Training stopped (`fault.sdc_action` = \"stop\"); take the named host out of the job and resume from the last checkpoint, or set `fault.sdc_action` = \"warn\" to keep going"
+            ),
+            SdcAction::Warn => tracing::warn!("silent-data-corruption check at step {step}: {found}"),
+        }
+        Ok(suspects)
+    }
+
+    /// `debug.spike_at_steps`: scrambles the targets of the batch starting at global sample
+    /// `first_sample` if an uninterrupted run reads it at a listed step.
+    fn inject_spike(&self, first_sample: u64, batches: &mut [Batch]) {
+        let per_step = self.cfg.global_batch_size(self.rank.dp_degree) as u64;
+        if !self.cfg.debug.spike_at_steps.contains(&(first_sample / per_step.max(1) + 1)) {
+            return;
+        }
+        let vocab = self.args.vocab_size as i64;
+        for b in batches {
+            for (t, i) in b.targets.iter_mut().zip(&b.inputs) {
+                *t = (i * 7919 + 13) % vocab;
+            }
+        }
+    }
+
+    /// `debug.slow_rank`: that rank computes `debug.slow_seconds` longer each step (a sleep,
+    /// counted as compute); returns the seconds slept.
+    fn inject_slowness(&self) -> f64 {
+        let d = &self.cfg.debug;
+        if d.slow_rank != self.rank.world_rank as i64 || d.slow_seconds <= 0.0 {
+            return 0.0;
+        }
+        std::thread::sleep(std::time::Duration::from_secs_f64(d.slow_seconds));
+        d.slow_seconds
     }
 
     /// `debug.fail_at_steps`: this attempt's injected failure, if it is due at `step` on this
@@ -378,10 +463,21 @@ impl Trainer {
         if d.fail_at() != Some(step) || rank != self.rank.world_rank {
             return Ok(());
         }
-        if d.fail_mode == FailMode::Kill {
-            eprintln!("rank {rank}: debug.fail_at_steps: killing this process at step {step}");
-            // SAFETY: signals this process; nothing after it runs.
-            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        match d.fail_mode {
+            FailMode::Kill => {
+                eprintln!("rank {rank}: debug.fail_at_steps: killing this process at step {step}");
+                // SAFETY: signals this process; nothing after it runs.
+                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            }
+            FailMode::Hang => {
+                eprintln!("rank {rank}: debug.fail_at_steps: hanging at step {step}");
+                // The other ranks time out waiting for this one, write the hang report and end
+                // the job (this thread or process with it).
+                loop {
+                    std::thread::sleep(std::time::Duration::from_secs(3600));
+                }
+            }
+            FailMode::Error => {}
         }
         bail!("injected failure at step {step} (debug.fail_at_steps, attempt {})", d.restart_attempt)
     }
@@ -401,7 +497,7 @@ impl Trainer {
     /// This rank's part of `batch` with its documents: the whole batch, or under context
     /// parallelism its columns of every row (documents found on the whole rows first, so
     /// starts and positions stay global).
-    fn local_batch<'b>(&self, batch: &'b Batch) -> (Cow<'b, Batch>, Option<Documents>) {
+    pub(super) fn local_batch<'b>(&self, batch: &'b Batch) -> (Cow<'b, Batch>, Option<Documents>) {
         let docs = match (self.documents, &self.placement.cp) {
             (Some(mask), _) => Some(mask.documents(&batch.inputs, batch.batch, batch.seq_len)),
             (None, Some(_)) => Some(Documents::causal(batch.batch, (0..batch.seq_len).collect())),
@@ -428,7 +524,7 @@ impl Trainer {
     }
 
     /// Positions per rank in the hidden states between pipeline stages.
-    fn hidden_positions(&self) -> usize {
+    pub(super) fn hidden_positions(&self) -> usize {
         let seq = self.cfg.training.seq_len / self.rank.cp_degree();
         match &self.rank.tp {
             Some(g) if self.placement.sequence_parallel() => seq / g.size(),

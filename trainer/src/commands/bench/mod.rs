@@ -24,7 +24,7 @@ pub fn on_every_rank<T: Send>(cfg: &JobConfig, f: impl Fn(RankContext) -> Result
     if dims.world_size == 1 {
         return Ok(vec![f(RankContext::single())?]);
     }
-    let timeout = Duration::from_secs_f64(cfg.comm.timeout_seconds);
+    let timeout = Duration::from_secs_f64(cfg.comm.init_timeout_seconds);
     run_ranks_or_exit(dims.world_size, timeout, Duration::from_secs(10), |comm| {
         let groups = MeshGroups::new(&comm, &dims)?;
         f(RankContext::new(groups))

@@ -22,7 +22,12 @@ fn tensor_parallel_logits_are_vocab_slices_and_the_loss_is_the_full_one() {
         run_ranks(tp, std::time::Duration::from_secs(60), |c| {
             let rank = RankContext::new(MeshGroups { tp: Some(Box::new(c)), ..MeshGroups::single() });
             let whole = RankModel { chunks: vec![Transformer::new(&args, 7, &device)] };
-            let (model, placement) = parallelize_llama(whole, &rank, sp, titan_parallel::cp::Rotate::Ring);
+            let opts = ParallelOptions {
+                sequence_parallel: sp,
+                cp_rotate: titan_parallel::cp::Rotate::Ring,
+                reshard_after_forward: true,
+            };
+            let (model, placement) = parallelize_llama(whole, &rank, opts);
             let logits = model.chunks[0].forward(ids(0));
             assert_eq!(logits.dims(), [b, t, args.vocab_size / tp], "what the loss receives");
             let got: f32 = placement.loss(logits, ids(1)).into_scalar();
