@@ -135,7 +135,7 @@ impl MpiComm {
         let last = self.history.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect::<Vec<_>>().join("; ");
         let timeout = self.watchdog.timeout();
         let head = watchdog::waiting_line(self.me(), &watchdog::hostname(), timeout, what, &self.ranks);
-        let mut message = format!("{head}. Its last collectives: {last}");
+        let mut message = format!("{head}\n  its last collectives: {last}");
         if let Some(path) = self.watchdog.write(&message) {
             std::thread::sleep((timeout / 4).clamp(Duration::from_secs(1), Duration::from_secs(10)));
             let absent = watchdog::absent_from_report(&path, what, &self.ranks);
