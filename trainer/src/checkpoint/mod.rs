@@ -19,7 +19,7 @@ pub mod slots;
 pub use restore::initial_load;
 
 use crate::config::{to_toml, AsyncMode, JobConfig};
-use crate::optim::AdamW;
+use crate::optim::Optimizers;
 use crate::rank::parallelize::Placement;
 use crate::rank::pipeline::RankLayout;
 use crate::rank::{params, RankContext, RankModel};
@@ -62,7 +62,7 @@ pub struct TrainingState<'a> {
     pub cfg: &'a JobConfig,
     pub args: &'a ModelArgs,
     pub model: &'a mut RankModel,
-    pub optim: &'a mut AdamW,
+    pub optim: &'a mut Optimizers,
     pub loader: &'a mut DataLoader,
     /// Steps completed.
     pub step: &'a mut u64,

@@ -77,7 +77,7 @@ fn load_model(s: &mut TrainingState, src: &dyn TensorSource, slots: &[slots::Slo
     let total: usize = src
         .shapes()
         .iter()
-        .filter(|(k, _)| mine(k) && !k.starts_with("exp_avg"))
+        .filter(|(k, _)| mine(k) && !crate::optim::is_state_key(k))
         .map(|(_, s)| s.iter().product::<usize>())
         .sum();
     tracing::info!(
@@ -131,7 +131,7 @@ fn load_from(s: &mut TrainingState, r: &CheckpointReader) -> Result<()> {
             anyhow!("{e:#}; checkpoint flavor is {:?}, this config's is {:?}", ts.flavor, s.cfg.model.flavor)
         })?;
     }
-    let model_only = sources.len() == 1 && !optim_src.shapes().keys().any(|k| k.starts_with("exp_avg."));
+    let model_only = sources.len() == 1 && !optim_src.shapes().keys().any(|k| crate::optim::is_state_key(k));
     if !skip(LoadablePart::Optimizer) && ts.optimizer_step > 0 {
         if model_only {
             bail!(

@@ -64,7 +64,7 @@ fn moment_key(prefix: &str, key: &str) -> String {
     format!("{prefix}.{key}")
 }
 
-pub const MOMENTS: [&str; 2] = ["exp_avg", "exp_avg_sq"];
+use crate::optim::STATE_PREFIXES as MOMENTS;
 
 /// This rank's pieces of the model (`model`: local path → stored tensor) and of the optimizer
 /// state (`optim`: `exp_avg.<local path>` → stored tensor), padding rows dropped. The values

@@ -77,7 +77,15 @@ choice!(
 
 choice!(
     /// `optimizer.name`.
-    OptimizerName { AdamW = "AdamW" }
+    OptimizerName { AdamW = "AdamW", Muon = "Muon" }
+);
+
+choice!(
+    /// `optimizer.muon_adjust_lr_fn`: how Muon scales the learning rate by the matrix shape
+    /// (PyTorch's `torch.optim.Muon` `adjust_lr_fn`): `match_rms_adamw` = 0.2·√max(A, B)
+    /// (Moonlight: the update's RMS matches AdamW's, so both share lr and weight decay);
+    /// `original` = √max(1, A/B) (Keller Jordan's), A = fan-out, B = fan-in.
+    MuonAdjustLr { MatchRmsAdamw = "match_rms_adamw", Original = "original" }
 );
 
 choice!(

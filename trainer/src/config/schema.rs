@@ -71,12 +71,46 @@ section!(Model {
     moe_aux_loss_alpha: f64 = -1.0,
 });
 
+/// One optimizer parameter group (`[[optimizer.param_groups]]`, TorchTitan's regex groups): the
+/// parameters whose name (`layers.3.attention.wq.weight`, as checkpoints store it) the regex
+/// `pattern` finds take the group's settings; the first matching group wins, unset ones keep
+/// the section's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParamGroup {
+    pub pattern: String,
+    /// AdamW | Muon (Muon takes matrices only: 2-D, or 3-D stacked experts, one matrix each).
+    #[serde(default)]
+    pub optimizer: Option<OptimizerName>,
+    #[serde(default)]
+    pub lr: Option<f64>,
+    #[serde(default)]
+    pub weight_decay: Option<f64>,
+}
+
 section!(Optimizer {
+    /// AdamW | Muon (Muon for the hidden matrices, AdamW for embeddings, norms, the output head
+    /// and everything not 2-D, unless `param_groups` say otherwise)
     name: OptimizerName = OptimizerName::AdamW,
     lr: f64 = 8e-4,
     betas: Vec<f64> = vec![0.9, 0.95],
     eps: f64 = 1e-8,
     weight_decay: f64 = 0.1,
+    /// Muon's momentum μ (PyTorch `torch.optim.Muon`'s `momentum`).
+    muon_momentum: f64 = 0.95,
+    /// Muon: Nesterov momentum (the update is g + μ·B instead of B).
+    muon_nesterov: bool = true,
+    /// Muon: Newton–Schulz iterations.
+    muon_ns_steps: usize = 5,
+    /// Muon: the quintic Newton–Schulz coefficients (a, b, c).
+    muon_ns_coefficients: Vec<f64> = vec![3.4445, -4.7750, 2.0315],
+    /// Muon: the floor of the Frobenius norm the update is divided by before the iterations.
+    muon_eps: f64 = 1e-7,
+    /// match_rms_adamw | original
+    muon_adjust_lr_fn: MuonAdjustLr = MuonAdjustLr::MatchRmsAdamw,
+    /// Parameter groups (`[[optimizer.param_groups]]` with `pattern` and any of `optimizer`,
+    /// `lr`, `weight_decay`).
+    param_groups: Vec<ParamGroup> = Vec::new(),
 });
 
 section!(LrScheduler {

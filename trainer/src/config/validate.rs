@@ -46,6 +46,32 @@ pub fn validate(c: &JobConfig) -> Result<()> {
     if !(o.weight_decay >= 0.0) {
         e.push(format!("`optimizer.weight_decay` = {} must be >= 0", o.weight_decay));
     }
+    if !(0.0..1.0).contains(&o.muon_momentum) {
+        e.push(format!("`optimizer.muon_momentum` = {} must be in [0, 1)", o.muon_momentum));
+    }
+    if o.muon_ns_steps == 0 {
+        e.push("`optimizer.muon_ns_steps` = 0 must be at least 1 (5 is the published choice)".into());
+    }
+    if o.muon_ns_coefficients.len() != 3 || o.muon_ns_coefficients.iter().any(|c| !c.is_finite()) {
+        e.push(format!(
+            "`optimizer.muon_ns_coefficients` = {:?} must be three numbers (a, b, c), e.g. [3.4445, -4.775, 2.0315]",
+            o.muon_ns_coefficients
+        ));
+    }
+    if !(o.muon_eps > 0.0) {
+        e.push(format!("`optimizer.muon_eps` = {} must be > 0", o.muon_eps));
+    }
+    for (i, g) in o.param_groups.iter().enumerate() {
+        if let Err(err) = regex::Regex::new(&g.pattern) {
+            e.push(format!("`optimizer.param_groups[{i}].pattern` = {:?} is not a regular expression: {err}", g.pattern));
+        }
+        if g.lr.is_some_and(|lr| !(lr >= 0.0 && lr.is_finite())) {
+            e.push(format!("`optimizer.param_groups[{i}].lr` = {:?} must be >= 0", g.lr.unwrap()));
+        }
+        if g.weight_decay.is_some_and(|w| !(w >= 0.0)) {
+            e.push(format!("`optimizer.param_groups[{i}].weight_decay` = {:?} must be >= 0", g.weight_decay.unwrap()));
+        }
+    }
     let s = &c.lr_scheduler;
     if s.decay_ratio != -1.0 && !(0.0..=1.0).contains(&s.decay_ratio) {
         e.push(format!(

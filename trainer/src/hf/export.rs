@@ -57,7 +57,7 @@ pub fn export(src: &dyn TensorSource, args: &ModelArgs, out: &Path, o: &ExportOp
         );
     }
     let mut tensors = Vec::new();
-    for (key, shape) in src.shapes().into_iter().filter(|(k, _)| !k.starts_with("exp_avg")) {
+    for (key, shape) in src.shapes().into_iter().filter(|(k, _)| !crate::optim::is_state_key(k)) {
         let (name, t) =
             to_hf(&key).ok_or_else(|| anyhow!("{}: tensor {key} has no Hugging Face name", src.describe()))?;
         let hf_shape: Vec<usize> = if t { shape.iter().rev().copied().collect() } else { shape.clone() };

@@ -149,9 +149,10 @@ pub fn parallelize_llama(mut model: RankModel, rank: &RankContext, opts: Paralle
     (model, placement)
 }
 
-/// The parameter path of a tensor key: itself for the model, `exp_avg.<path>` for the optimizer.
+/// The parameter path of a tensor key: itself for the model, `exp_avg.<path>` (or another
+/// optimizer-state prefix) for the optimizer.
 pub fn param_path(key: &str) -> &str {
-    key.strip_prefix("exp_avg.").or_else(|| key.strip_prefix("exp_avg_sq.")).unwrap_or(key)
+    crate::optim::split_state_key(key).1
 }
 
 impl Placement {

@@ -124,14 +124,7 @@ impl RankLayout {
     }
 }
 
-fn split_prefix(key: &str) -> (&str, &str) {
-    for p in ["exp_avg.", "exp_avg_sq."] {
-        if let Some(rest) = key.strip_prefix(p) {
-            return (p, rest);
-        }
-    }
-    ("", key)
-}
+use crate::optim::split_state_key as split_prefix;
 
 /// `layers.I.tail` → `(I, tail)`.
 fn layer_of(path: &str) -> Option<(usize, &str)> {

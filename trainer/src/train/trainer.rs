@@ -7,7 +7,7 @@ use crate::metrics::StepStats;
 use crate::optim::LrSchedule;
 use crate::optim::loss_scale::{LossScaler, Verdict, MAX_CONSECUTIVE_SKIPS};
 use crate::optim::loss_spike::{LossSpikes, SkippedWindow};
-use crate::optim::{AdamW, AdamWConfig};
+use crate::optim::Optimizers;
 use crate::paths;
 use crate::rank::grads;
 use crate::rank::parallelize::{parallelize_llama, ParallelOptions, Placement};
@@ -34,7 +34,7 @@ pub struct Trainer {
     /// This rank's pipeline stages (the whole model without pipeline parallelism).
     pub model: RankModel,
     pub layout: RankLayout,
-    pub optim: AdamW,
+    pub optim: Optimizers,
     pub schedule: LrSchedule,
     pub loader: DataLoader,
     pub tokenizer: Tokenizer,
@@ -178,10 +178,11 @@ impl Trainer {
         let stages = build_stages(&cfg, &args, &layout, cfg.training.seed, &device)?;
         let (model, placement) = parallelize(&cfg, stages, &rank);
         let mut t = Self {
-            optim: AdamW::new(AdamWConfig {
-                fused: cfg.model.kernels.is_fused(),
-                ..AdamWConfig::from_config(&cfg.optimizer)
-            }),
+            optim: {
+                let mut o = Optimizers::new(&cfg.optimizer, cfg.model.kernels.is_fused())?;
+                o.prepare(&model, |local| layout.global_key(local))?;
+                o
+            },
             schedule: LrSchedule::new(&cfg.lr_scheduler, cfg.optimizer.lr, cfg.training.steps),
             args,
             device,
@@ -382,7 +383,7 @@ impl Trainer {
             let model = std::mem::replace(&mut self.model, RankModel { chunks: Vec::new() });
             let model = {
                 let _span = titan_profiling::span("optimizer", "optimizer");
-                self.optim.step(model, acc, lr, scale)
+                self.optim.step(model, acc, lr, scale, &self.placement, &self.device)?
             };
             let (model, load) = crate::optim::expert_bias::balance(model, &self.rank, &self.device)?;
             (self.model, expert_load) = (model, load);
