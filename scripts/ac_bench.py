@@ -19,6 +19,8 @@ import subprocess
 import sys
 import tempfile
 
+from titan_binary import binary
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = {
     "none": ["--activation_checkpoint.mode", "none"],
@@ -26,14 +28,6 @@ MODES = {
     "selective 2": ["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "2"],
     "selective op": ["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "op"],
 }
-
-
-def binary():
-    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
-    path = os.path.join(target, "release", "titan-rs")
-    if not os.path.exists(path):
-        sys.exit(f"{path} not found; build it with `cargo build --release -p titan-rs`")
-    return path
 
 
 def run(args, mode):

@@ -67,7 +67,7 @@ pub fn host_bytes(
 /// One line per term of a rank's plan.
 pub fn breakdown(m: &RankMemory) -> String {
     format!(
-        "parameters {:.3} + gradients {:.3} + AdamW moments {:.3} + max(FSDP-gathered/compute-type weights {:.3} + activations {:.3} ({} microbatch(es) alive × {:.3} per block without checkpointing) + backward working set {:.3} + communication buffers {:.3} + kernel workspace {:.3}, gradient reduction buffers {:.3}) GiB",
+        "parameters {:.3} + gradients {:.3} + optimizer state (AdamW moments, Muon momentum) {:.3} + max(FSDP-gathered/compute-type weights {:.3} + activations {:.3} ({} microbatch(es) alive × {:.3} per block without checkpointing) + backward working set {:.3} + communication buffers {:.3} + kernel workspace {:.3}, gradient reduction buffers {:.3}) GiB",
         gib(m.params),
         gib(m.grads),
         gib(m.optimizer),
@@ -188,6 +188,25 @@ mod tests {
         let s = rank_memory(&c, &args, &d, 0).unwrap();
         let n = args.num_params() as u64;
         assert_eq!((s.params, s.grads, s.optimizer, s.gathered), (4 * n, 4 * n, 8 * n, 0));
+    }
+
+    /// Muon keeps one buffer (4 bytes) per element of the matrices it takes, AdamW two (8) for
+    /// the rest (embedding, output head, norms).
+    #[test]
+    fn muon_state_is_one_buffer_per_matrix_element() {
+        let (mut c, d) = cfg("debugmodel", 1, 1, 1);
+        c.optimizer.name = crate::config::OptimizerName::Muon;
+        let args = titan_models::ModelArgs::flavor("debugmodel").unwrap();
+        let s = rank_memory(&c, &args, &d, 0).unwrap();
+        let specs = titan_models::Transformer::new(&args, 0, &burn::prelude::Device::flex()).param_specs();
+        let muon: u64 = specs
+            .iter()
+            .filter(|p| crate::optim::groups::muon_by_default(&p.path, p.shape.len()))
+            .map(|p| p.shape.iter().product::<usize>() as u64)
+            .sum();
+        let n = args.num_params() as u64;
+        assert!(muon > n / 2, "the hidden matrices are most of debugmodel: {muon} of {n}");
+        assert_eq!(s.optimizer, 8 * n - 4 * muon);
     }
 
     #[test]

@@ -172,6 +172,11 @@ pub fn rank_memory(cfg: &JobConfig, args: &ModelArgs, dims: &ParallelDims, pp_ra
     // With reshard after forward: the gathered float32 weights of the block whose backward runs.
     let mut regathered_block = 0u64;
     let (mut activations, mut head) = (0.0f64, false);
+    // Optimizer state: AdamW's two moments or Muon's one buffer per local element; Muon's owner
+    // holds a whole matrix and the Newton–Schulz temporaries (X, its Gram matrix and square,
+    // the polynomial product) while it orthogonalises, after the gradients are complete.
+    let groups = crate::optim::groups::ParamGroups::new(&cfg.optimizer).map_err(|e| anyhow!(e))?;
+    let (mut optimizer, mut muon_working) = (0u64, 0u64);
     for (chunk, &stage) in stages.chunks.iter().zip(&layout.stages) {
         let first = layout.split.layers[stage].start;
         let mut chunk_act = 0.0;
@@ -196,8 +201,22 @@ pub fn rank_memory(cfg: &JobConfig, args: &ModelArgs, dims: &ParallelDims, pp_ra
             if shard > 1 {
                 shape[0] = shape[0].div_ceil(shard);
             }
-            local += shape.iter().product::<u64>();
+            let here: u64 = shape.iter().product();
+            local += here;
             let block = block_of(&spec.path).map(|b| first + b);
+            let name = match (block, spec.path.split_once('.').and_then(|(_, r)| r.split_once('.'))) {
+                (Some(b), Some((_, tail))) => format!("layers.{b}.{tail}"),
+                _ => spec.path.clone(),
+            };
+            let settings = groups.settings(&name, spec.shape.len()).map_err(|e| anyhow!(e))?;
+            if settings.optimizer == crate::config::OptimizerName::Muon {
+                optimizer += 4 * here;
+                let (rows, cols) = (spec.shape[spec.shape.len() - 2] as u64, spec.shape[spec.shape.len() - 1] as u64);
+                let small = rows.min(cols);
+                muon_working = muon_working.max(4 * (3 * rows * cols + 2 * small * small));
+            } else {
+                optimizer += 8 * here;
+            }
             // The compute-type copy a linear keeps of its weight (mixed precision), and the
             // FSDP-gathered value, live until backward unless the block is checkpointed.
             let kept = !block.is_some_and(|b| ac.covers(b));
@@ -262,12 +281,13 @@ pub fn rank_memory(cfg: &JobConfig, args: &ModelArgs, dims: &ParallelDims, pp_ra
         + if shard > 1 { 2 * 4 * largest_param } else { 0 }
         + cp_buffers;
     let reduction = if dp * shard > 1 { 4 * local + (25 << 20).min(4 * local) } else { 0 };
+    let reduction = reduction.max(muon_working);
     let threads = rayon::current_num_threads() as u64;
     let workspace = threads * (2 * 64 * 64 * 4 + 2 * (256 * w.d.max(w.f)) * 4);
     Ok(RankMemory {
         params: 4 * local,
         grads: 4 * local,
-        optimizer: 8 * local,
+        optimizer,
         gathered: gathered_kept,
         activations: (activations * tokens) as u64 * alive as u64,
         microbatches_alive: alive,

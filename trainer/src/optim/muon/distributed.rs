@@ -37,22 +37,22 @@ pub struct Pending {
 pub fn orthogonalise(items: Vec<Pending>, cfg: &MuonConfig, placement: &Placement, device: &Device) -> Result<Vec<Tensor<1>>> {
     let mut out: Vec<Option<Tensor<1>>> = (0..items.len()).map(|_| None).collect();
     let mut sharded: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+    let mut local = Vec::new();
     for (i, it) in items.iter().enumerate() {
         match placement.fsdp.as_ref().and_then(|s| s.layout(&it.path).map(|_| s.groups[&it.path])) {
             Some(group) => sharded.entry(group).or_default().push(i),
+            None if tp_dim(placement, &it.path).is_none() => local.push(i),
             None => {
-                out[i] = Some(match tp_dim(placement, &it.path) {
-                    None => {
-                        let u = it.update.clone().reshape(batched(&it.shape));
-                        cfg.orthogonal_update(u).reshape([it.shape.iter().product::<usize>()])
-                    }
-                    Some(_) => {
-                        let data = host_vec(&it.update);
-                        Tensor::from_data(TensorData::new(whole(cfg, placement, &it.path, data, &it.shape, device), [data_len(&it.shape)]), device)
-                    }
-                });
+                let data = host_vec(&it.update);
+                let o = whole(cfg, placement, &it.path, data, &it.shape, device);
+                out[i] = Some(Tensor::from_data(TensorData::new(o, [data_len(&it.shape)]), device));
             }
         }
+    }
+    // Whole on this rank: on the device, batched by shape.
+    let mats = local.iter().map(|&i| items[i].update.clone().reshape(batched(&items[i].shape))).collect();
+    for (&i, o) in local.iter().zip(orthogonal_many(mats, cfg)) {
+        out[i] = Some(o.reshape([data_len(&items[i].shape)]));
     }
     for (group, idx) in sharded {
         for (i, t) in owner_computes(&items, &idx, group, cfg, placement, device)? {
@@ -89,6 +89,28 @@ fn whole(cfg: &MuonConfig, placement: &Placement, path: &str, data: Vec<f32>, sh
         }),
         _ => orth(data, shape),
     }
+}
+
+/// The orthogonalised, shape-scaled updates of whole matrices (each `[batch, rows, cols]`):
+/// those of one shape in one batched pass (one matmul per product for all of a shape's layers
+/// and experts, instead of one per matrix).
+fn orthogonal_many(mats: Vec<Tensor<3>>, cfg: &MuonConfig) -> Vec<Tensor<3>> {
+    let mut by_shape: BTreeMap<[usize; 2], Vec<usize>> = BTreeMap::new();
+    for (i, m) in mats.iter().enumerate() {
+        let [_, r, c] = m.dims();
+        by_shape.entry([r, c]).or_default().push(i);
+    }
+    let mut out: Vec<Option<Tensor<3>>> = (0..mats.len()).map(|_| None).collect();
+    for idx in by_shape.into_values() {
+        let sizes: Vec<usize> = idx.iter().map(|&i| mats[i].dims()[0]).collect();
+        let o = cfg.orthogonal_update(Tensor::cat(idx.iter().map(|&i| mats[i].clone()).collect(), 0));
+        let mut start = 0;
+        for (&i, &b) in idx.iter().zip(&sizes) {
+            out[i] = Some(o.clone().narrow(0, start, b));
+            start += b;
+        }
+    }
+    out.into_iter().map(|t| t.expect("every matrix orthogonalised")).collect()
 }
 
 /// The owner of each matrix (by position in `sizes`): largest first, to the least loaded rank
@@ -129,10 +151,13 @@ fn owner_computes(
         parts[owner[k]].extend_from_slice(s);
     }
     let got = with_group(group, |c| c.all_to_all(&parts))?;
-    // The owner's matrices, whole, orthogonalised, cut into shards again.
-    let mut back = vec![Vec::new(); n];
+    // The owner's matrices, whole (TP-split ones gathered over the TP group one by one, the
+    // others batched by shape), orthogonalised, cut into shards again.
+    let mine: Vec<usize> = (0..idx.len()).filter(|&k| owner[k] == me).collect();
     let mut cursor = vec![0usize; n];
-    for k in (0..idx.len()).filter(|&k| owner[k] == me) {
+    let mut done: Vec<Option<Vec<f32>>> = vec![None; mine.len()];
+    let mut batch = Vec::new();
+    for (j, &k) in mine.iter().enumerate() {
         let l = layouts[k];
         let len = l.chunk * inner(k);
         let mut full = Vec::with_capacity(len * n);
@@ -143,7 +168,20 @@ fn owner_computes(
         full.truncate(l.rows * inner(k));
         let mut shape = items[idx[k]].shape.clone();
         shape[0] = l.rows;
-        let mut o = whole(cfg, placement, &items[idx[k]].path, full, &shape, device);
+        if tp_dim(placement, &items[idx[k]].path).is_some() {
+            done[j] = Some(whole(cfg, placement, &items[idx[k]].path, full, &shape, device));
+        } else {
+            batch.push((j, Tensor::<3>::from_data(TensorData::new(full, batched(&shape)), device)));
+        }
+    }
+    let (slots, mats): (Vec<usize>, Vec<Tensor<3>>) = batch.into_iter().unzip();
+    for (j, o) in slots.into_iter().zip(orthogonal_many(mats, cfg)) {
+        done[j] = Some(o.into_data().try_into_vec::<f32>().expect("f32 update"));
+    }
+    let mut back = vec![Vec::new(); n];
+    for (&k, o) in mine.iter().zip(done) {
+        let len = layouts[k].chunk * inner(k);
+        let mut o = o.expect("every owned matrix orthogonalised");
         o.resize(len * n, 0.0);
         for (r, b) in back.iter_mut().enumerate() {
             b.extend_from_slice(&o[r * len..(r + 1) * len]);
