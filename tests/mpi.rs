@@ -167,3 +167,29 @@ fn gpu_ranks_under_mpirun_train_and_a_killed_one_ends_the_job() {
     assert!(t.elapsed().as_secs() < 60, "took {:?}", t.elapsed());
     assert!(err.contains("rank 3"), "the report lacks the killed rank:\n{err}");
 }
+
+/// Muon under FSDP 2 × TP 2 as four MPI processes: the owner-computes all-to-alls and the TP
+/// all-gathers go through MPI, and the losses equal the four-thread run's bit for bit.
+#[test]
+fn muon_under_mpirun_equals_the_threads_run_bit_for_bit() {
+    let d = tempfile::tempdir().unwrap();
+    let layout = [
+        "--optimizer.name",
+        "Muon",
+        "--optimizer.lr",
+        "0.02",
+        "--parallelism.data_parallel_shard_degree",
+        "2",
+        "--parallelism.tensor_parallel_degree",
+        "2",
+        "--training.local_batch_size",
+        "2",
+    ];
+    let (threads, procs) = (d.path().join("threads"), d.path().join("mpi"));
+    assert_ok(&run(&tiny_args(&threads, 4), &layout));
+    let args = tiny_args(&procs, 4);
+    let all: Vec<&str> = args.iter().map(String::as_str).chain(layout.iter().copied()).collect();
+    assert_ok(&mpirun(4, &all));
+    assert_eq!(losses(&threads), losses(&procs));
+    assert_eq!(losses(&procs).len(), 4);
+}
