@@ -2,14 +2,14 @@
 """Straggler detection across network-namespace hosts (issue 34's benchmark; root, iproute2,
 OpenMPI, a release build with `--features mpi`).
 
-2 hosts x 2 MPI ranks (scripts/netns_hosts.sh), `debugmodel` FSDP 4, four cases in turn:
-plain links; host 1's link shaped (`tc tbf rate 20mbit`: every collective waits on it); rank 3
+2 hosts x 2 MPI ranks (scripts/netns_hosts.sh), `tiny` FSDP 4, four cases in turn:
+plain links; host 1's link shaped (`tc tbf rate 100mbit`: every collective waits on it); rank 3
 computing 0.2 s more per step (`debug.slow_rank`); both. Reported per case: median step time and
 collective time (rank 0's metrics), and which ranks the detector named (`"stragglers"` in
 metrics.jsonl) from which step. The detector compares compute time, so a slow link is expected
 to raise everyone's collective time and name nobody, and a slow rank to be named with its host.
 
-    sudo python3 scripts/straggler_bench.py [--steps 16]
+    sudo python3 scripts/straggler_bench.py [--steps 12]
 """
 import argparse
 import json
@@ -32,7 +32,7 @@ def run(steps, hostfile, extra):
     with tempfile.TemporaryDirectory() as dump:
         os.chmod(dump, 0o777)
         cmd = [HARNESS, "mpirun", PREFIX, "--hostfile", hostfile, "-np", "4", binary(), "train", "--config",
-               "configs/llama_debug.toml", "--training.steps", str(steps), "--metrics.log_freq", "2",
+               "configs/llama_debug.toml", "--model.flavor", "tiny", "--training.steps", str(steps), "--metrics.log_freq", "2",
                "--parallelism.data_parallel_shard_degree", "4", "--training.local_batch_size", "2",
                "--validation.enable", "false", "--checkpoint.enable", "false", "--metrics.save_loss_curve", "false",
                "--fault.straggler_windows", "2", "--job.dump_folder", dump, *extra]
@@ -51,7 +51,7 @@ def run(steps, hostfile, extra):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=12)
     a = ap.parse_args()
     sh("up", PREFIX, "2")
     try:
@@ -60,9 +60,9 @@ def main():
         os.chmod(f.name, 0o644)
         slow = ["--debug.slow_rank", "3", "--debug.slow_seconds", "0.2"]
         rows = []
-        for name, shaped, extra in [("plain links", False, []), ("host 1 link at 20 Mbit/s", True, []),
+        for name, shaped, extra in [("plain links", False, []), ("host 1 link at 100 Mbit/s", True, []),
                                     ("rank 3 +0.2 s compute", False, slow), ("both", True, slow)]:
-            args = ["shape", PREFIX, "1", "tbf", "rate", "20mbit", "burst", "64kb", "latency", "100ms"]
+            args = ["shape", PREFIX, "1", "tbf", "rate", "100mbit", "burst", "64kb", "latency", "100ms"]
             sh(*(args if shaped else ["shape", PREFIX, "1", "pfifo_fast"]))
             r = run(a.steps, f.name, extra)
             first = r["named"][0] if r["named"] else None

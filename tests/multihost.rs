@@ -125,6 +125,21 @@ fn training_across_namespace_hosts() {
     let shaped_dump = d.path().join("shaped");
     assert_ok(&hosts.mpirun(4, &args(&shaped_dump, 4, &format!("{FSDP_TP} --debug.stop_at_step 2"))));
     assert_eq!(steps(&shaped_dump), straight[..2], "{shaped}: steps changed");
+    // Straggler detection on the shaped link: every rank waits on the link (nobody is named for
+    // that), and a rank computing 0.2 s more per step is named with its host regardless.
+    for (slow, want) in [("", None), ("--debug.slow_rank 3 --debug.slow_seconds 0.2", Some("10.77.0.2"))] {
+        let dump = d.path().join(format!("straggler{}", want.is_some()));
+        let flags = format!("--parallelism.data_parallel_shard_degree 4 --training.local_batch_size 2 --metrics.log_freq 2 --fault.straggler_windows 2 {slow}");
+        assert_ok(&hosts.mpirun(4, &args(&dump, 6, &flags)));
+        let named: Vec<serde_json::Value> = metric_lines(&dump).into_iter().filter_map(|l| l.get("stragglers").cloned()).collect();
+        match want {
+            None => assert!(named.is_empty(), "{shaped}: a slow link named {named:?}"),
+            Some(host) => assert!(
+                named.iter().flat_map(|n| n.as_array().unwrap()).any(|x| x["rank"] == 3 && x["host"] == host),
+                "{shaped}: rank 3 not named: {named:?}"
+            ),
+        }
+    }
     assert!(hosts.shape(1, &["pfifo"]), "removing the shaping");
 
     // A process killed mid-step on host 2: every rank ends, the rank and host named.

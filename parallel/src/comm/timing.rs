@@ -20,6 +20,11 @@ pub fn timed<R>(kind: &'static str, bytes: usize, peers: &[usize], f: impl FnOnc
     r
 }
 
+/// This thread's communication time since the last [`take_seconds`], without resetting it.
+pub fn seconds() -> f64 {
+    SECONDS.with(|s| s.get())
+}
+
 /// This thread's communication time since the last call, in seconds.
 pub fn take_seconds() -> f64 {
     SECONDS.with(|s| s.replace(0.0))

@@ -16,6 +16,10 @@ pub struct StepStats {
     /// Of `seconds`, the time spent computing forward and backward passes (the rest is
     /// communication, pipeline bubbles and the optimizer).
     pub busy_seconds: f64,
+    /// Of the forward/backward schedule, the time outside every collective (FSDP/TP/CP/EP
+    /// collectives and pipeline transfers excluded): what the straggler detector compares, so a
+    /// slow link, which every rank waits on, is not taken for slow compute.
+    pub compute_seconds: f64,
     /// Of `seconds`, the wall time of the forward/backward schedule (`busy_seconds` plus the
     /// waits for other pipeline stages): `1 − busy / pipeline` is the measured bubble.
     pub pipeline_seconds: f64,

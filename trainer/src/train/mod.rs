@@ -300,7 +300,7 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
             t.train_step()?
         };
         if let (Some(monitor), Some(world)) = (stragglers.as_mut(), t.rank.world.as_deref()) {
-            monitor.record(s.busy_seconds, s.comm_seconds);
+            monitor.record(s.compute_seconds, s.comm_seconds);
             if step % cfg.metrics.log_freq == 0 {
                 s.stragglers = monitor.end_window(world, t.rank.world_rank)?;
                 for x in &s.stragglers {

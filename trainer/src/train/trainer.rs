@@ -299,6 +299,7 @@ impl Trainer {
         let (mut loss_sum, mut busy) = (0.0f64, 0.0f64);
         let mut acc = GradientsParams::new();
         let pipeline_start = Instant::now();
+        let comm_before = titan_parallel::comm::timing::seconds();
         for (batch, docs) in &local {
             let io = StepInputs {
                 batch,
@@ -315,7 +316,10 @@ impl Trainer {
             loss_sum += out.loss;
             busy += out.busy.as_secs_f64();
         }
-        busy += self.inject_slowness();
+        let slowness = self.inject_slowness();
+        busy += slowness;
+        let in_collectives = titan_parallel::comm::timing::seconds() - comm_before;
+        let compute_seconds = (pipeline_start.elapsed().as_secs_f64() - in_collectives).max(0.0);
         let sdc_suspects = match self.sdc_due(step) {
             true => Some(self.sdc_verdict(step, &microbatches[0])?),
             false => None,
@@ -398,6 +402,7 @@ impl Trainer {
             seconds: start.elapsed().as_secs_f64(),
             comm_seconds: titan_parallel::comm::timing::take_seconds(),
             busy_seconds: busy,
+            compute_seconds,
             pipeline_seconds,
             param_bytes: params::param_bytes(&self.model),
             optim_bytes: self.optim.state_bytes(),
