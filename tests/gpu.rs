@@ -30,6 +30,20 @@ fn training_on_the_wgpu_adapter_matches_the_cpu_run() {
     assert_eq!(ac, gpu, "wgpu: activation checkpointing changed the steps");
 }
 
+/// Muon on the adapter (Newton–Schulz on the device's matmul; under FSDP 2 × TP 2 the owners'
+/// matrices staged through host memory) follows the one-rank CPU run within 1e-5.
+#[test]
+fn muon_on_the_wgpu_adapter_matches_the_cpu_run() {
+    let d = tempfile::tempdir().unwrap();
+    let muon = "--optimizer.name Muon --optimizer.lr 0.02 --training.global_batch_size 8 --model.attention fused";
+    let cpu = layout_run(&d.path().join("cpu"), &format!("{muon} --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"), 3);
+    let mesh = "--parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2 --training.local_batch_size 4";
+    for (name, flags) in [("one wgpu rank", "--parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"), ("wgpu FSDP 2 × TP 2", mesh)] {
+        let dump = d.path().join(name.replace([' ', '×'], "_"));
+        assert_matches(name, &cpu, &layout_run(&dump, &format!("{muon} {flags} --training.device wgpu"), 3), 1e-5);
+    }
+}
+
 /// A mixture-of-experts model on the adapter (the grouped expert GEMM's CubeCL kernels, forward
 /// and backward) follows the CPU run.
 #[test]
