@@ -17,7 +17,11 @@ fn muon(rest: &str) -> String {
 #[test]
 fn muon_layouts_equal_one_rank() {
     let d = tempfile::tempdir().unwrap();
-    let single = layout_run(&d.path().join("single"), &muon("--parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"), 4);
+    let single = layout_run(
+        &d.path().join("single"),
+        &muon("--parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"),
+        4,
+    );
     for (name, layout) in [
         ("FSDP 4", "--parallelism.data_parallel_shard_degree 4 --training.local_batch_size 2"),
         ("FSDP 2 × TP 2", "--parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2 --training.local_batch_size 4"),
@@ -29,7 +33,11 @@ fn muon_layouts_equal_one_rank() {
         assert_matches(name, &single, &layout_run(&dump, &muon(layout), 4), 1e-5);
     }
     let moe = |rest: &str| muon(&format!("--model.flavor moe_debug {rest}"));
-    let single = layout_run(&d.path().join("moe_single"), &moe("--parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"), 3);
+    let single = layout_run(
+        &d.path().join("moe_single"),
+        &moe("--parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"),
+        3,
+    );
     for (name, layout) in [
         ("EP 2 × FSDP 2", "--parallelism.data_parallel_shard_degree 4 --parallelism.expert_parallel_degree 2 --training.local_batch_size 2"),
         ("EP 2 × FSDP 2 × TP 2", "--parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2 --parallelism.expert_parallel_degree 2 --training.local_batch_size 4"),
@@ -65,7 +73,10 @@ fn muon_checkpoints_resume_bit_exact_and_reshard() {
     let pp2 = muon(&format!("--parallelism.pipeline_parallel_degree 2 --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8 {ck}"));
     assert_matches("resumed on PP 2", &straight, &layout_run(&pp, &pp2, 6), 1e-5);
     // An AdamW run cannot silently continue from Muon state.
-    let o = run(&tiny_args(&one, 8), &[ck, "--training.global_batch_size", "8"].iter().flat_map(|s| s.split_whitespace()).collect::<Vec<_>>());
+    let o = run(
+        &tiny_args(&one, 8),
+        &[ck, "--training.global_batch_size", "8"].iter().flat_map(|s| s.split_whitespace()).collect::<Vec<_>>(),
+    );
     assert_clean_error(&o, &["momentum_buffer", "exclude_from_loading"]);
 }
 
@@ -74,7 +85,8 @@ fn muon_for_a_vector_or_a_bad_pattern_is_a_clear_error() {
     let d = tempfile::tempdir().unwrap();
     let cfg = d.path().join("groups.toml");
     let base = std::fs::read_to_string(repo().join("configs/llama_debug.toml")).unwrap();
-    std::fs::write(&cfg, format!("{base}\n[[optimizer.param_groups]]\npattern = \"norm\"\noptimizer = \"Muon\"\n")).unwrap();
+    std::fs::write(&cfg, format!("{base}\n[[optimizer.param_groups]]\npattern = \"norm\"\noptimizer = \"Muon\"\n"))
+        .unwrap();
     let mut args = tiny_args(d.path(), 1);
     args[2] = cfg.display().to_string();
     let o = run(&args, &[]);

@@ -65,10 +65,8 @@ impl AdamW {
     /// The updated (flattened) parameter `p` at `path` from its gradient `g` (moments start at
     /// zero on a parameter's first update).
     pub fn update(&mut self, path: &str, p: Tensor<1>, g: Tensor<1>, h: AdamWStep) -> Tensor<1> {
-        let m = self
-            .state
-            .remove(path)
-            .unwrap_or_else(|| Moments { exp_avg: g.zeros_like(), exp_avg_sq: g.zeros_like() });
+        let m =
+            self.state.remove(path).unwrap_or_else(|| Moments { exp_avg: g.zeros_like(), exp_avg_sq: g.zeros_like() });
         let (p, exp_avg, exp_avg_sq) = titan_kernels::adamw(p, g, m.exp_avg, m.exp_avg_sq, h, self.cfg.fused);
         self.state.insert(path.to_string(), Moments { exp_avg, exp_avg_sq });
         p

@@ -84,7 +84,8 @@ impl Optimizers {
     ) -> Result<M> {
         self.step += 1;
         let factor = lr / self.base_lr;
-        let mut first = First { opt: self, grads, factor, grad_scale, path: Vec::new(), pending: Vec::new(), error: None };
+        let mut first =
+            First { opt: self, grads, factor, grad_scale, path: Vec::new(), pending: Vec::new(), error: None };
         let model = model.map(&mut first);
         let (pending, error) = (std::mem::take(&mut first.pending), first.error.take());
         if let Some(e) = error {
@@ -120,7 +121,13 @@ impl Optimizers {
 
     /// Restores state saved by [`Optimizers::state_dict`]: each parameter's state must be that of
     /// the optimizer its group gives it, with its shape; nothing may be left over.
-    pub fn load_state_dict<M: Module>(&mut self, model: &M, step: u64, mut t: TensorMap, device: &Device) -> Result<(), String> {
+    pub fn load_state_dict<M: Module>(
+        &mut self,
+        model: &M,
+        step: u64,
+        mut t: TensorMap,
+        device: &Device,
+    ) -> Result<(), String> {
         self.adamw.clear();
         self.muon.clear();
         for (path, shape) in crate::rank::params::param_shapes(model) {
@@ -199,7 +206,8 @@ impl ModuleMapper for First<'_> {
         let g = grad.reshape([n]);
         match s.optimizer {
             OptimizerName::AdamW => {
-                let h = self.opt.adamw.cfg.step_scalars(self.opt.step, s.lr * self.factor, s.weight_decay, self.grad_scale);
+                let h =
+                    self.opt.adamw.cfg.step_scalars(self.opt.step, s.lr * self.factor, s.weight_decay, self.grad_scale);
                 replace(param, |p| self.opt.adamw.update(&path, p, g, h))
             }
             OptimizerName::Muon => {

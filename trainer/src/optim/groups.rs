@@ -89,19 +89,32 @@ mod tests {
         assert_eq!(kind("output.weight", 2), OptimizerName::AdamW);
         let groups = vec![
             ParamGroup { pattern: r"\.wo\.".into(), optimizer: None, lr: Some(1e-3), weight_decay: Some(0.0) },
-            ParamGroup { pattern: "attention".into(), optimizer: Some(OptimizerName::AdamW), lr: None, weight_decay: None },
+            ParamGroup {
+                pattern: "attention".into(),
+                optimizer: Some(OptimizerName::AdamW),
+                lr: None,
+                weight_decay: None,
+            },
         ];
         let g = ParamGroups::new(&cfg(OptimizerName::Muon, groups)).unwrap();
         let wo = g.settings("layers.0.attention.wo.weight", 2).unwrap();
         assert_eq!((wo.optimizer, wo.lr, wo.weight_decay), (OptimizerName::Muon, 1e-3, 0.0));
         let wq = g.settings("layers.0.attention.wq.weight", 2).unwrap();
         assert_eq!((wq.optimizer, wq.lr, wq.weight_decay), (OptimizerName::AdamW, 8e-4, 0.1));
-        let bad = vec![ParamGroup { pattern: "norm".into(), optimizer: Some(OptimizerName::Muon), lr: None, weight_decay: None }];
+        let bad = vec![ParamGroup {
+            pattern: "norm".into(),
+            optimizer: Some(OptimizerName::Muon),
+            lr: None,
+            weight_decay: None,
+        }];
         let e = ParamGroups::new(&cfg(OptimizerName::AdamW, bad)).unwrap().settings("norm.weight", 1).unwrap_err();
         assert!(e.contains("param_groups[0]") && e.contains("norm.weight") && e.contains("matrices only"), "{e}");
-        let e = ParamGroups::new(&cfg(OptimizerName::AdamW, vec![ParamGroup { pattern: "(".into(), optimizer: None, lr: None, weight_decay: None }]))
-            .err()
-            .unwrap();
+        let e = ParamGroups::new(&cfg(
+            OptimizerName::AdamW,
+            vec![ParamGroup { pattern: "(".into(), optimizer: None, lr: None, weight_decay: None }],
+        ))
+        .err()
+        .unwrap();
         assert!(e.contains("param_groups[0].pattern"), "{e}");
     }
 }

@@ -34,7 +34,12 @@ pub struct Pending {
 }
 
 /// The orthogonalised, shape-scaled updates of `items`, in order, each shaped like its shard.
-pub fn orthogonalise(items: Vec<Pending>, cfg: &MuonConfig, placement: &Placement, device: &Device) -> Result<Vec<Tensor<1>>> {
+pub fn orthogonalise(
+    items: Vec<Pending>,
+    cfg: &MuonConfig,
+    placement: &Placement,
+    device: &Device,
+) -> Result<Vec<Tensor<1>>> {
     let mut out: Vec<Option<Tensor<1>>> = (0..items.len()).map(|_| None).collect();
     let mut sharded: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
     let mut local = Vec::new();
@@ -76,7 +81,14 @@ fn tp_dim(placement: &Placement, path: &str) -> Option<usize> {
 
 /// The orthogonalised update of this rank's TP-local piece `data` (of `shape`): all-gathered
 /// over the TP group when TP splits it, orthogonalised whole, split back.
-fn whole(cfg: &MuonConfig, placement: &Placement, path: &str, data: Vec<f32>, shape: &[usize], device: &Device) -> Vec<f32> {
+fn whole(
+    cfg: &MuonConfig,
+    placement: &Placement,
+    path: &str,
+    data: Vec<f32>,
+    shape: &[usize],
+    device: &Device,
+) -> Vec<f32> {
     let orth = |data: Vec<f32>, shape: &[usize]| {
         let u = Tensor::<3>::from_data(TensorData::new(data, batched(shape)), device);
         cfg.orthogonal_update(u).into_data().try_into_vec::<f32>().expect("f32 update")

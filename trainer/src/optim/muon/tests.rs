@@ -68,12 +68,20 @@ fn muon_update_equals_the_reference_implementation() {
             for (name, data) in got {
                 let got = data.try_into_vec::<f32>().unwrap();
                 let err = got.iter().zip(values(&want[name])).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-                assert!(err < 2e-5, "{} step {}: {name} differs from the reference by {err}", case["adjust_lr_fn"], step + 1);
+                assert!(
+                    err < 2e-5,
+                    "{} step {}: {name} differs from the reference by {err}",
+                    case["adjust_lr_fn"],
+                    step + 1
+                );
             }
         }
         // The state is the momentum buffer, shaped like each parameter.
         let state = opt.state_dict(&model);
-        assert_eq!(state.keys().collect::<Vec<_>>(), ["momentum_buffer.a", "momentum_buffer.b", "momentum_buffer.experts"]);
+        assert_eq!(
+            state.keys().collect::<Vec<_>>(),
+            ["momentum_buffer.a", "momentum_buffer.b", "momentum_buffer.experts"]
+        );
         assert_eq!(state["momentum_buffer.experts"].shape, vec![3, 6, 4]);
     }
 }
