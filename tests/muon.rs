@@ -60,8 +60,6 @@ fn muon_checkpoints_resume_bit_exact_and_reshard() {
     let straight = layout_run(&whole, &two_d, 6);
     let saved = d.path().join("saved");
     layout_run(&saved, &format!("{two_d} {ck} --debug.stop_at_step 3"), 6);
-    let step3 = std::fs::read_dir(saved.join("checkpoint")).unwrap().count();
-    assert!(step3 >= 1, "a checkpoint was written");
     let (same, one, pp) = (d.path().join("same"), d.path().join("one"), d.path().join("pp"));
     for to in [&same, &one, &pp] {
         copy_dir(&saved, to);

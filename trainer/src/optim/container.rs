@@ -84,29 +84,32 @@ impl Optimizers {
     ) -> Result<M> {
         self.step += 1;
         let factor = lr / self.base_lr;
-        let mut first =
-            First { opt: self, grads, factor, grad_scale, path: Vec::new(), pending: Vec::new(), error: None };
+        let mut first = First {
+            opt: self,
+            grads,
+            factor,
+            grad_scale,
+            path: Vec::new(),
+            pending: Vec::new(),
+            rates: Vec::new(),
+            error: None,
+        };
         let model = model.map(&mut first);
-        let (pending, error) = (std::mem::take(&mut first.pending), first.error.take());
+        let (pending, rates, error) =
+            (std::mem::take(&mut first.pending), std::mem::take(&mut first.rates), first.error.take());
         if let Some(e) = error {
             return Err(anyhow!(e));
         }
         if pending.is_empty() {
             return Ok(model);
         }
-        let rates: Vec<(String, f64, f64)> = pending
-            .iter()
-            .map(|p| {
-                let s = self.settings_of(&p.path, p.shape.len()).expect("resolved in the first pass");
-                (p.path.clone(), s.lr * factor, s.weight_decay)
-            })
-            .collect();
+        let paths: Vec<String> = pending.iter().map(|p| p.path.clone()).collect();
         let updates = {
             let _span = titan_profiling::span("muon orthogonalise", "optimizer");
             orthogonalise(pending, &self.muon.cfg, placement, &device.clone().without_autodiff())?
         };
         let updates: HashMap<String, (Tensor<1>, f64, f64)> =
-            rates.into_iter().zip(updates).map(|((path, lr, wd), o)| (path, (o, lr, wd))).collect();
+            paths.into_iter().zip(rates).zip(updates).map(|((path, (lr, wd)), o)| (path, (o, lr, wd))).collect();
         Ok(model.map(&mut Second { updates, path: Vec::new() }))
     }
 
@@ -180,6 +183,8 @@ struct First<'a> {
     grad_scale: f64,
     path: Vec<String>,
     pending: Vec<Pending>,
+    /// Each pending matrix's (scheduled learning rate, weight decay).
+    rates: Vec<(f64, f64)>,
     error: Option<String>,
 }
 
@@ -214,6 +219,7 @@ impl ModuleMapper for First<'_> {
                 let shape = param.lazy_shape().to_vec();
                 let update = self.opt.muon.momentum(&path, g, self.grad_scale);
                 self.pending.push(Pending { path, shape, update });
+                self.rates.push((s.lr * self.factor, s.weight_decay));
                 param
             }
         }
