@@ -1,5 +1,6 @@
-//! Hugging Face interop against fixtures written by transformers itself (scripts/hf_fixture.py):
-//! titan-rs's logits and loss equal transformers', under any layout; export and conversion
+//! Hugging Face interop against fixtures written by transformers itself (Llama:
+//! scripts/hf_fixture.py; Qwen3 dense and MoE: scripts/qwen3_fixtures.py): titan-rs's logits,
+//! loss and greedy continuation equal transformers', under any layout; export and conversion
 //! round trips; every bad input a clear error.
 
 mod common;
@@ -11,10 +12,15 @@ fn fixture(name: &str) -> PathBuf {
     repo().join("tests/fixtures/hf").join(name)
 }
 
-/// The flags that train the HF model in `dir` (initialised from its weights).
+/// The flags that train the HF model in `dir` (initialised from its weights; `model.name` its
+/// family).
 fn hf_flags(dir: &Path) -> Vec<String> {
     let d = dir.display().to_string();
+    // (A config naming no family: the default, so the run reports the config's own error.)
+    let family = titan_rs::config::hf_model_name(dir).map_or("llama3".into(), |n| n.to_string());
     [
+        "--model.name",
+        &family,
         "--model.flavor",
         "hf",
         "--model.hf_assets_path",
@@ -54,13 +60,15 @@ fn next_token_loss(logits: &[f32], ids: &[Vec<i64>], v: usize) -> f64 {
 }
 
 /// The model titan-rs builds from each fixture (config.json in both shapes; bf16 single file
-/// with tied embeddings; fp32 in 4 shards, untied) gives transformers' logits within 1e-4 and
-/// its loss within 1e-5 relative, loaded through the trainer's own (resharding) path.
+/// with tied embeddings; fp32 in shards, untied; Llama, Qwen3, Qwen3-MoE) gives transformers'
+/// logits within 1e-4 and its loss within 1e-5 relative, loaded through the trainer's own
+/// (resharding) path; for Qwen3 also transformers' greedy continuation of a prompt, token for
+/// token.
 #[test]
 fn logits_and_loss_equal_transformers() {
     use titan_rs::{config::load_config, rank::RankContext, train::trainer::Trainer};
     let d = tempfile::tempdir().unwrap();
-    for name in ["tied_bf16", "untied_sharded"] {
+    for name in ["tied_bf16", "untied_sharded", "qwen3_tied_bf16", "qwen3_moe_sharded"] {
         let dir = fixture(name);
         let reference: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
@@ -84,6 +92,19 @@ fn logits_and_loss_equal_transformers() {
             (ours - theirs).abs() / theirs
         );
         assert!((ours - theirs).abs() <= 1e-5 * theirs, "{name}: loss {ours} vs transformers {theirs}");
+        if let Some(want) = reference.get("greedy") {
+            let mut seq: Vec<i64> = serde_json::from_value(reference["greedy_prompt"].clone()).unwrap();
+            let prompt = seq.len();
+            let want: Vec<i64> = serde_json::from_value(want.clone()).unwrap();
+            while seq.len() < prompt + want.len() {
+                let x = titan_rs::rank::pipeline::to_tensor_2d(&seq, 1, seq.len(), &t.device);
+                let l: Vec<f32> = t.model.chunks[0].forward(x).into_data().try_into_vec::<f32>().unwrap();
+                let last = &l[l.len() - 2048..];
+                let next = (0..2048).fold(0, |best, i| if last[i] > last[best] { i } else { best });
+                seq.push(next as i64);
+            }
+            assert_eq!(&seq[prompt..], &want[..], "{name}: greedy continuation");
+        }
     }
 }
 
@@ -93,18 +114,40 @@ fn logits_and_loss_equal_transformers() {
 fn hf_models_load_under_every_layout() {
     let d = tempfile::tempdir().unwrap();
     let b8 = "--training.global_batch_size 8";
-    for (name, layout) in [
-        ("tied_bf16", "--parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2 --training.local_batch_size 4"),
-        ("untied_sharded", "--parallelism.data_parallel_shard_degree 1 --parallelism.pipeline_parallel_degree 2 --training.local_batch_size 8"),
-    ] {
+    let fsdp_tp = "--parallelism.data_parallel_shard_degree 2 --parallelism.tensor_parallel_degree 2 --training.local_batch_size 4";
+    let pp = "--parallelism.data_parallel_shard_degree 1 --parallelism.pipeline_parallel_degree 2 --training.local_batch_size 8";
+    let ep = "--parallelism.data_parallel_shard_degree 2 --parallelism.expert_parallel_degree 2 --training.local_batch_size 4";
+    for (i, (name, layout)) in [
+        ("tied_bf16", fsdp_tp),
+        ("untied_sharded", pp),
+        ("qwen3_tied_bf16", fsdp_tp),
+        ("qwen3_moe_sharded", fsdp_tp),
+        ("qwen3_moe_sharded", pp),
+        ("qwen3_moe_sharded", ep),
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let single = d.path().join(format!("{name}-1"));
-        assert_ok(&run_hf(&single, &fixture(name), &format!("{b8} --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"), 3));
-        let dump = d.path().join(format!("{name}-n"));
+        if !single.exists() {
+            assert_ok(&run_hf(
+                &single,
+                &fixture(name),
+                &format!("{b8} --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 8"),
+                3,
+            ));
+        }
+        let dump = d.path().join(format!("{name}-{i}"));
         let mut args = tiny_args(&dump, 3);
         args.extend(hf_flags(&fixture(name)));
         args.extend(format!("{b8} {layout}").split_whitespace().map(String::from));
         // With the loader's info lines (the shared helper runs at RUST_LOG=warn).
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_titan-rs")).args(&args).current_dir(repo()).env("RUST_LOG", "info").output().unwrap();
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_titan-rs"))
+            .args(&args)
+            .current_dir(repo())
+            .env("RUST_LOG", "info")
+            .output()
+            .unwrap();
         assert_ok(&o);
         assert_matches(name, &metric_values(&single), &metric_values(&dump), 1e-5);
         if name == "tied_bf16" {
@@ -156,6 +199,23 @@ fn bad_hf_inputs_are_clear_errors() {
     case("bias", &|c| c["attention_bias"] = true.into(), &["config.json", "`attention_bias` = true"]);
     case("rope", &|c| c["rope_scaling"]["rope_type"] = "yarn".into(), &["config.json", "\"yarn\""]);
     case("arch", &|c| c["architectures"] = serde_json::json!(["Qwen2ForCausalLM"]), &["Qwen2ForCausalLM"]);
+    // A Qwen3 folder read as Llama: the fix is named.
+    let q = fixture("qwen3_tied_bf16");
+    let mut args = tiny_args(&d.path().join("family-dump"), 1);
+    args.extend(hf_flags(&q).into_iter().map(|f| if f == "qwen3" { "llama3".into() } else { f }));
+    assert_clean_error(&run(&args, &[]), &["qwen3 model", "`model.name` = \"llama3\"", "set `model.name` = \"qwen3\""]);
+    // Qwen3-MoE: a sliding window and a sparse step it does not implement.
+    let moe_case = |n: &str, edit: &dyn Fn(&mut serde_json::Value), needles: &[&str]| {
+        let dir = copy_fixture("qwen3_moe_sharded", &d.path().join(n), edit);
+        assert_clean_error(&run_hf(&d.path().join(format!("{n}-dump")), &dir, "", 1), needles);
+    };
+    moe_case("window", &|c| c["use_sliding_window"] = true.into(), &["config.json", "`use_sliding_window` = true"]);
+    moe_case("sparse", &|c| c["decoder_sparse_step"] = 2.into(), &["config.json", "`decoder_sparse_step` = 2"]);
+    moe_case(
+        "experts",
+        &|c| c["num_experts"] = 4.into(),
+        &["layers.0.moe.router.gate.weight", "[64, 8] there", "needs [64, 4]"],
+    );
     let tied = copy_fixture("tied_bf16", &d.path().join("tied-pp"), |_: &mut serde_json::Value| {});
     let o = run_hf(
         &d.path().join("tied-pp-dump"),
@@ -186,6 +246,23 @@ fn conversion_and_export_round_trip() {
     assert_ok(&titan(&["convert", "to-hf", &p(&ck), &p(&out), "--max-shard-mb", "1"]));
     assert!(out.join("model.safetensors.index.json").exists());
     assert_eq!(all_tensors(&out), all_tensors(&fixture("untied_sharded")));
+    // Qwen3 (bf16 in, fp32 out: the same values) and Qwen3-MoE (one HF matrix per expert): every
+    // tensor back, no more, no fewer, and a config transformers reads as the same class.
+    for (name, class) in [("qwen3_tied_bf16", "Qwen3ForCausalLM"), ("qwen3_moe_sharded", "Qwen3MoeForCausalLM")] {
+        let (ck, out) = (d.path().join(format!("{name}-ck")), d.path().join(format!("{name}-out")));
+        assert_ok(&titan(&["convert", "from-hf", &p(&fixture(name)), &p(&ck)]));
+        assert_ok(&titan(&["convert", "to-hf", &p(&ck), &p(&out), "--max-shard-mb", "1"]));
+        assert_eq!(all_tensors(&out), all_tensors(&fixture(name)), "{name}");
+        let c: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+        assert_eq!(c["architectures"][0], class);
+        let back = titan_models::hf_config::from_hf_config(&c.to_string()).unwrap();
+        let orig = titan_models::hf_config::from_hf_config(
+            &std::fs::read_to_string(fixture(name).join("config.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(back, orig, "{name}");
+    }
 
     let trained = d.path().join("trained");
     let o = run_hf(

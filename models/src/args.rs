@@ -1,15 +1,26 @@
-//! Model hyper-parameters, the named flavors, and the analytic parameter / FLOP counts.
+//! Model hyper-parameters every family fills, and the analytic parameter / FLOP counts.
+//!
+//! The named flavors live with their family (`crate::llama3`, `crate::qwen3`); the registry
+//! (`crate::registry`) finds them by `model.name`.
 
 use crate::rope::RopeScaling;
 use serde::Serialize;
 
-/// Hyper-parameters of a Llama-3 model (TorchTitan's `TransformerModelArgs`).
+/// Hyper-parameters of a decoder (TorchTitan's `TransformerModelArgs`, one struct for the
+/// families that share the decoder: what differs is a field here, not a copy of the model).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModelArgs {
+    /// The family (`model.name`) these arguments belong to: which HF adapter reads and writes them.
+    pub family: &'static str,
     pub dim: usize,
     pub n_layers: usize,
     pub n_heads: usize,
     pub n_kv_heads: usize,
+    /// Width of one attention head; `dim / n_heads` for Llama, set on its own for Qwen3
+    /// (Qwen3-0.6B: dim 1024, 16 heads of 128).
+    pub head_dim: usize,
+    /// Per-head RMSNorm of queries and keys before RoPE (Qwen3).
+    pub qk_norm: bool,
     pub vocab_size: usize,
     pub multiple_of: usize,
     pub ffn_dim_multiplier: Option<f64>,
@@ -69,16 +80,25 @@ impl MoeArgs {
     }
 }
 
-/// Flavor names accepted by `model.flavor`.
-pub const FLAVORS: &[&str] = &["tiny", "debugmodel", "small", "1B", "3B", "8B", "70B", "405B", "moe_debug", "moe_1B"];
-
 impl ModelArgs {
-    fn base(dim: usize, n_layers: usize, n_heads: usize, n_kv_heads: usize, vocab_size: usize) -> Self {
+    /// A Llama-3 shaped model of `family` (the flavors' starting point): head_dim = dim / heads,
+    /// Llama-3's FFN rule, RMSNorm eps 1e-5, RoPE theta 500 000, untied, dense.
+    pub fn base(
+        family: &'static str,
+        dim: usize,
+        n_layers: usize,
+        n_heads: usize,
+        n_kv_heads: usize,
+        vocab_size: usize,
+    ) -> Self {
         Self {
+            family,
             dim,
             n_layers,
             n_heads,
             n_kv_heads,
+            head_dim: dim / n_heads,
+            qk_norm: false,
             vocab_size,
             multiple_of: 256,
             ffn_dim_multiplier: None,
@@ -91,70 +111,26 @@ impl ModelArgs {
         }
     }
 
-    fn with_moe(mut self, m: MoeArgs) -> Self {
+    pub fn with_moe(mut self, m: MoeArgs) -> Self {
         self.moe = Some(m);
         self
     }
 
-    fn ffn(mut self, multiplier: f64, multiple_of: usize) -> Self {
+    /// Llama-3's FFN sizing: `multiplier` on 2/3 · 4·dim, rounded up to `multiple_of`.
+    pub fn ffn(mut self, multiplier: f64, multiple_of: usize) -> Self {
         self.ffn_dim_multiplier = Some(multiplier);
         self.multiple_of = multiple_of;
         self
     }
 
-    /// The named flavor, or `None` if the name is unknown (see [`FLAVORS`]).
-    ///
-    /// * `tiny`: a 2-layer model for fast tests (not in TorchTitan).
-    /// * `debugmodel`: TorchTitan's debug model (dim 256, 6 layers, 16 heads, vocab 2048).
-    /// * `small`: dim 768, 12 layers, 12 heads, 4 kv heads, vocab 2048 (≈ 78.7 M parameters),
-    ///   sized for the shipped 2 048-token tokenizer.
-    /// * `1B` … `405B`: Llama-3.x shapes with the Llama-3 vocabulary (128 256) and an untied head.
-    /// * `moe_debug`: TorchTitan's DeepSeek-V3 debug shape — dim 256, 3 layers (the first
-    ///   dense), 8 experts of 256 hidden units, top 3, 2 shared experts.
-    /// * `moe_1B`: ≈ 1.0 B parameters of which ≈ 0.30 B active per token — dim 1024, 12 layers
-    ///   (the first dense), 32 experts of 832 hidden units, top 7, 2 shared; the shipped
-    ///   2 048-token vocabulary.
+    /// The Llama-3 flavor `name` (see [`crate::llama3`]); other families through
+    /// [`crate::registry`].
     pub fn flavor(name: &str) -> Option<Self> {
-        const LLAMA3_VOCAB: usize = 128_256;
-        Some(match name {
-            "tiny" => Self::base(64, 2, 4, 2, 2048),
-            "debugmodel" => Self::base(256, 6, 16, 16, 2048),
-            "small" => Self::base(768, 12, 12, 4, 2048),
-            "1B" => Self::base(2048, 16, 32, 8, LLAMA3_VOCAB).ffn(1.5, 256),
-            "3B" => Self::base(3072, 28, 24, 8, LLAMA3_VOCAB).ffn(1.0, 256),
-            "8B" => Self::base(4096, 32, 32, 8, LLAMA3_VOCAB).ffn(1.3, 1024),
-            "70B" => Self::base(8192, 80, 64, 8, LLAMA3_VOCAB).ffn(1.3, 4096),
-            "405B" => Self::base(16384, 126, 128, 8, LLAMA3_VOCAB).ffn(1.2, 4096),
-            "moe_debug" => Self::base(256, 3, 16, 16, 2048).with_moe(MoeArgs {
-                num_experts: 8,
-                top_k: 3,
-                hidden_dim: 256,
-                num_shared_experts: 2,
-                n_dense_layers: 1,
-                score_func: ScoreFunc::Softmax,
-                route_norm: false,
-                route_scale: 1.0,
-                load_balance_coeff: 1e-3,
-                aux_loss_alpha: 0.0,
-            }),
-            "moe_1B" => Self::base(1024, 12, 16, 8, 2048).with_moe(MoeArgs {
-                num_experts: 32,
-                top_k: 7,
-                hidden_dim: 832,
-                num_shared_experts: 2,
-                n_dense_layers: 1,
-                score_func: ScoreFunc::Sigmoid,
-                route_norm: true,
-                route_scale: 1.0,
-                load_balance_coeff: 1e-3,
-                aux_loss_alpha: 0.0,
-            }),
-            _ => return None,
-        })
+        crate::llama3::flavor(name)
     }
 
     pub fn head_dim(&self) -> usize {
-        self.dim / self.n_heads
+        self.head_dim
     }
 
     /// SwiGLU hidden size as Llama-3 computes it: 2/3 of 4·dim, times the multiplier,
@@ -178,7 +154,8 @@ impl ModelArgs {
     /// Parameters of transformer block `layer` (all of them, or the ones one token uses).
     fn block_params(&self, layer: usize, active: bool) -> usize {
         let (d, hd) = (self.dim, self.head_dim());
-        let attn = d * self.n_heads * hd * 2 + d * self.n_kv_heads * hd * 2;
+        let qk_norm = if self.qk_norm { 2 * hd } else { 0 };
+        let attn = d * self.n_heads * hd * 2 + d * self.n_kv_heads * hd * 2 + qk_norm;
         let ffn = match &self.moe {
             Some(m) if self.is_moe_layer(layer) => {
                 if active {
@@ -232,8 +209,8 @@ impl ModelArgs {
 
     /// Checks the shape is internally consistent; the error names what to change.
     pub fn validate(&self) -> Result<(), String> {
-        if self.dim % self.n_heads != 0 {
-            return Err(format!("dim {} is not divisible by n_heads {}", self.dim, self.n_heads));
+        if self.head_dim == 0 {
+            return Err(format!("head_dim is 0 (dim {} with {} heads)", self.dim, self.n_heads));
         }
         if self.n_heads % self.n_kv_heads != 0 {
             return Err(format!("n_heads {} is not divisible by n_kv_heads {}", self.n_heads, self.n_kv_heads));
@@ -295,11 +272,27 @@ mod tests {
         assert_eq!(a.flops_per_token(256), expect);
     }
 
+    const QWEN3_COUNTS: &[(&str, usize)] = &[
+        ("0.6B", 596_049_920),
+        ("1.7B", 1_720_574_976),
+        ("4B", 4_022_468_096),
+        ("8B", 8_190_735_360),
+        ("14B", 14_768_307_200),
+        ("32B", 32_762_123_264),
+        ("30B-A3B", 30_532_122_624),
+        ("235B-A22B", 235_093_634_560),
+    ];
+
     #[test]
-    fn every_flavor_is_consistent() {
-        for f in FLAVORS {
-            ModelArgs::flavor(f).unwrap().validate().unwrap();
+    fn qwen3_param_counts_match_transformers() {
+        // transformers 5.25 on the meta device (scripts/qwen3_fixtures.py --counts): the published
+        // configs. Ours carry the MoE balancing bias too (experts per MoE layer).
+        let n = |f: &str| {
+            let a = crate::qwen3::flavor(f).unwrap();
+            a.num_params() - a.moe.as_ref().map_or(0, |m| m.num_experts * a.n_layers)
+        };
+        for (f, want) in QWEN3_COUNTS {
+            assert_eq!(n(f), *want, "{f}");
         }
-        assert!(ModelArgs::flavor("9B").is_none());
     }
 }

@@ -15,6 +15,9 @@ pub enum LogicalAxis {
     Heads,
     /// Key/value heads × head_dim (grouped-query attention).
     KvHeads,
+    /// Within one attention head (Qwen3's QK-norm weights): never split; under tensor
+    /// parallelism each rank applies the weight to its heads, so its gradient is partial.
+    HeadDim,
     /// The SwiGLU hidden dimension.
     Mlp,
     /// The expert index of a mixture-of-experts layer (split by expert parallelism).
@@ -30,6 +33,7 @@ impl fmt::Display for LogicalAxis {
             LogicalAxis::Embed => "embed",
             LogicalAxis::Heads => "heads",
             LogicalAxis::KvHeads => "kv_heads",
+            LogicalAxis::HeadDim => "head_dim",
             LogicalAxis::Mlp => "mlp",
             LogicalAxis::Experts => "experts",
             LogicalAxis::ExpertMlp => "expert_mlp",

@@ -1,4 +1,5 @@
-//! Llama-3 style decoder-only transformer for titan-rs.
+//! The model families of titan-rs (one folder each: `llama3/`, `qwen3/`, found through
+//! [`registry`]) on one decoder-only transformer ([`decoder`]).
 //!
 //! The model holds no communication code. Every parameter declares its *logical axes*
 //! ([`axes::LogicalAxis`]) so that parallelisms can shard it from the outside.
@@ -6,22 +7,26 @@
 pub mod args;
 pub mod axes;
 pub mod checkpoint;
+pub mod decoder;
 pub mod hf_config;
 pub mod hooks;
 pub mod init;
 pub mod layers;
-pub mod llama;
+pub mod llama3;
 pub mod loss;
 pub mod moe;
 pub mod positions;
+pub mod qwen3;
+pub mod registry;
 pub mod rope;
 
-pub use args::{ModelArgs, MoeArgs, ScoreFunc, FLAVORS};
+pub use args::{ModelArgs, MoeArgs, ScoreFunc};
 pub use axes::{LogicalAxis, ParamSpec};
 pub use checkpoint::{Checkpointing, Tape};
+pub use decoder::Transformer;
 pub use hooks::{ActivationHooks, Hooks};
-pub use llama::Transformer;
 pub use positions::{DocumentMask, Documents};
+pub use registry::{Family, HfTensor};
 pub use rope::RopeScaling;
 
 #[cfg(test)]

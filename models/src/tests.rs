@@ -1,5 +1,5 @@
+use crate::decoder::logical_axes;
 use crate::init::param_id;
-use crate::llama::logical_axes;
 use crate::*;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::prelude::*;
@@ -11,44 +11,59 @@ fn cpu() -> Device {
 #[test]
 fn lazily_built_models_have_the_analytic_parameter_count() {
     // Lazy init: even 405B is only shapes here.
-    for f in FLAVORS {
-        let args = ModelArgs::flavor(f).unwrap();
-        let m = Transformer::new(&args, 0, &cpu());
-        assert_eq!(m.num_params(), args.num_params(), "flavor {f}");
-        let specs = m.param_specs();
-        // Dense blocks: 2 norms, 4 attention, 3 FFN weights; MoE blocks: router, 3 stacked
-        // expert weights, the balancing bias, and 3 shared-expert weights instead of the FFN.
-        let per_block: usize = (0..args.n_layers).map(|l| if args.is_moe_layer(l) { 14 } else { 9 }).sum();
-        assert_eq!(specs.len(), 2 + per_block + 1, "flavor {f}");
+    for family in registry::FAMILIES {
+        for f in family.flavors {
+            let args = (family.flavor)(f).unwrap();
+            let m = Transformer::new(&args, 0, &cpu());
+            assert_eq!(m.num_params(), args.num_params(), "flavor {f}");
+            let specs = m.param_specs();
+            // Dense blocks: 2 norms, 4 attention, 3 FFN weights; MoE blocks: router, 3 stacked
+            // expert weights, the balancing bias, and 3 shared-expert weights (if any) instead
+            // of the FFN; QK-norm: 2 more per block.
+            let moe = 5 + if args.moe.as_ref().is_some_and(|m| m.num_shared_experts > 0) { 3 } else { 0 };
+            let qk = if args.qk_norm { 2 } else { 0 };
+            let per_block: usize =
+                (0..args.n_layers).map(|l| qk + if args.is_moe_layer(l) { 6 + moe } else { 9 }).sum();
+            assert_eq!(specs.len(), 2 + per_block + usize::from(!args.tie_word_embeddings), "{}/{f}", family.name);
+        }
     }
 }
 
 #[test]
 fn every_parameter_declares_axes_matching_its_shape() {
-  for flavor in ["8B", "moe_debug"] {
-    let args = ModelArgs::flavor(flavor).unwrap();
-    let m = Transformer::new(&args, 0, &cpu());
-    let moe = args.moe.clone().unwrap_or(MoeArgs {
-        num_experts: 0, top_k: 0, hidden_dim: 0, num_shared_experts: 0, n_dense_layers: 0,
-        score_func: ScoreFunc::Softmax, route_norm: false, route_scale: 1.0, load_balance_coeff: 0.0, aux_loss_alpha: 0.0,
-    });
-    for s in m.param_specs() {
-        assert_eq!(s.axes.len(), s.shape.len(), "{s}");
-        for (axis, &n) in s.axes.iter().zip(&s.shape) {
-            let expect = match axis {
-                LogicalAxis::Vocab => args.vocab_size,
-                LogicalAxis::Embed => args.dim,
-                LogicalAxis::Heads => args.n_heads * args.head_dim(),
-                LogicalAxis::KvHeads => args.n_kv_heads * args.head_dim(),
-                LogicalAxis::Mlp => args.ffn_hidden_dim(),
-                LogicalAxis::Experts => moe.num_experts,
-                LogicalAxis::ExpertMlp if s.path.contains("shared") => moe.hidden_dim * moe.num_shared_experts,
-                LogicalAxis::ExpertMlp => moe.hidden_dim,
-            };
-            assert_eq!(n, expect, "{s}");
+    for (family, flavor) in [("llama3", "8B"), ("llama3", "moe_debug"), ("qwen3", "0.6B"), ("qwen3", "30B-A3B")] {
+        let args = (crate::registry::family(family).unwrap().flavor)(flavor).unwrap();
+        let m = Transformer::new(&args, 0, &cpu());
+        let moe = args.moe.clone().unwrap_or(MoeArgs {
+            num_experts: 0,
+            top_k: 0,
+            hidden_dim: 0,
+            num_shared_experts: 0,
+            n_dense_layers: 0,
+            score_func: ScoreFunc::Softmax,
+            route_norm: false,
+            route_scale: 1.0,
+            load_balance_coeff: 0.0,
+            aux_loss_alpha: 0.0,
+        });
+        for s in m.param_specs() {
+            assert_eq!(s.axes.len(), s.shape.len(), "{s}");
+            for (axis, &n) in s.axes.iter().zip(&s.shape) {
+                let expect = match axis {
+                    LogicalAxis::Vocab => args.vocab_size,
+                    LogicalAxis::Embed => args.dim,
+                    LogicalAxis::Heads => args.n_heads * args.head_dim(),
+                    LogicalAxis::KvHeads => args.n_kv_heads * args.head_dim(),
+                    LogicalAxis::Mlp => args.ffn_hidden_dim(),
+                    LogicalAxis::HeadDim => args.head_dim(),
+                    LogicalAxis::Experts => moe.num_experts,
+                    LogicalAxis::ExpertMlp if s.path.contains("shared") => moe.hidden_dim * moe.num_shared_experts,
+                    LogicalAxis::ExpertMlp => moe.hidden_dim,
+                };
+                assert_eq!(n, expect, "{s}");
+            }
         }
     }
-  }
     assert_eq!(logical_axes("layers.0.attention.wq.weight"), Some(vec![LogicalAxis::Embed, LogicalAxis::Heads]));
     assert_eq!(logical_axes("layers.0.attention.bogus"), None);
 }
@@ -156,7 +171,7 @@ fn fused_and_reference_attention_train_the_same() {
 /// rounding, not the function. Causal attention over the same row does not.
 #[test]
 fn block_causal_model_sees_each_document_alone() {
-    use crate::llama::StageInput;
+    use crate::decoder::StageInput;
     let args = ModelArgs::flavor("tiny").unwrap();
     let dev = cpu();
     let eos = 5i64;
@@ -207,7 +222,10 @@ fn moe_flavors_count_total_and_active_parameters() {
     }
     let a = ModelArgs::flavor("moe_1B").unwrap();
     let (total, active) = (a.num_params() as f64 / 1e9, a.num_active_params() as f64 / 1e9);
-    assert!((0.95..1.05).contains(&total) && (0.28..0.32).contains(&active), "moe_1B: {total} B total, {active} B active");
+    assert!(
+        (0.95..1.05).contains(&total) && (0.28..0.32).contains(&active),
+        "moe_1B: {total} B total, {active} B active"
+    );
     let dense = ModelArgs::flavor("debugmodel").unwrap();
     assert_eq!(dense.num_active_params(), dense.num_params());
     let flops_params = (a.flops_per_token(0) / 6.0) as usize;
@@ -220,15 +238,21 @@ fn moe_flavors_count_total_and_active_parameters() {
 #[test]
 fn moe_layer_equals_the_per_token_definition() {
     use crate::moe::MoE;
-    for (score, norm, fused) in [(ScoreFunc::Softmax, false, true), (ScoreFunc::Sigmoid, true, true), (ScoreFunc::Softmax, false, false)] {
+    for (score, norm, fused) in
+        [(ScoreFunc::Softmax, false, true), (ScoreFunc::Sigmoid, true, true), (ScoreFunc::Softmax, false, false)]
+    {
         let mut a = ModelArgs::flavor("moe_debug").unwrap();
         a.dim = 32;
-        let cfg = MoeArgs { score_func: score, route_norm: norm, route_scale: 1.5, hidden_dim: 24, ..a.moe.clone().unwrap() };
+        let cfg =
+            MoeArgs { score_func: score, route_norm: norm, route_scale: 1.5, hidden_dim: 24, ..a.moe.clone().unwrap() };
         let dev = cpu();
         let layer = MoE::new(&a, &cfg, 3, "layers.1.moe", 0.02, &dev).with_fused(fused);
         // A bias that changes the choice of some tokens.
         let bias: Vec<f32> = (0..cfg.num_experts).map(|e| if e == 5 { 0.05 } else { 0.0 }).collect();
-        let layer = MoE { expert_bias: Param::from_tensor(Tensor::from_data(TensorData::new(bias.clone(), [cfg.num_experts]), &dev)), ..layer };
+        let layer = MoE {
+            expert_bias: Param::from_tensor(Tensor::from_data(TensorData::new(bias.clone(), [cfg.num_experts]), &dev)),
+            ..layer
+        };
         let x = Tensor::<3>::random([2, 5, 32], burn::tensor::Distribution::Normal(0.0, 1.0), &dev);
         let y = layer.forward(x.clone(), &Hooks::default());
         let host = |t: Tensor<2>| t.into_data().try_into_vec::<f32>().unwrap();
@@ -261,7 +285,8 @@ fn moe_layer_equals_the_per_token_definition() {
             );
             for &e in top {
                 let g = if norm { scores[e] / sum } else { scores[e] } * 1.5;
-                let h = burn::tensor::activation::silu(xt.clone().matmul(w(&ex.w1, e))) * xt.clone().matmul(w(&ex.w3, e));
+                let h =
+                    burn::tensor::activation::silu(xt.clone().matmul(w(&ex.w1, e))) * xt.clone().matmul(w(&ex.w3, e));
                 out = out + h.matmul(w(&ex.w2, e)).mul_scalar(g);
             }
             expect.extend(host(out));
@@ -281,9 +306,9 @@ fn balancing_bias_moves_a_skewed_router_toward_balance() {
     let (e, k, n) = (8, 2, 512);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
     // Experts 0 and 1 score 0.3 higher on average.
-    let scores: Vec<f32> =
-        (0..n * e).map(|i| rng.gen::<f32>() * 0.2 + if i % e < 2 { 0.3 } else { 0.0 }).collect();
-    let load = |bias: &[f32]| -> Vec<u64> { Routing::choose(&scores, bias, e, k).counts.iter().map(|&c| c as u64).collect() };
+    let scores: Vec<f32> = (0..n * e).map(|i| rng.gen::<f32>() * 0.2 + if i % e < 2 { 0.3 } else { 0.0 }).collect();
+    let load =
+        |bias: &[f32]| -> Vec<u64> { Routing::choose(&scores, bias, e, k).counts.iter().map(|&c| c as u64).collect() };
     let mut bias = vec![0f32; e];
     let before = imbalance(&load(&bias));
     for _ in 0..400 {

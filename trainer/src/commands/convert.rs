@@ -1,5 +1,5 @@
 //! `titan-rs convert from-hf` and `convert to-hf`: offline conversion between a Hugging Face
-//! `LlamaForCausalLM` folder and a titan-rs checkpoint, one tensor in memory at a time.
+//! model folder (any registered family) and a titan-rs checkpoint, one tensor in memory at a time.
 
 use crate::config::{to_toml, JobConfig};
 use crate::hf::export::{export, ExportOptions};
@@ -8,18 +8,16 @@ use anyhow::{anyhow, Context, Result};
 use std::path::{Path, PathBuf};
 use titan_checkpoints::sharded::tools::{open_verified, write_source};
 use titan_checkpoints::{CheckpointFolder, TensorSource};
-use titan_models::hf_config::from_hf_config;
 
 /// Writes the HF model in `hf_dir` as the titan-rs checkpoint `out/step-0` (model only: start
 /// training from it with `checkpoint.initial_load_path`). Returns the step folder and tensors.
 pub fn from_hf(hf_dir: &Path, out: &Path) -> Result<(PathBuf, usize)> {
-    let cfg_path = hf_dir.join("config.json");
-    let text = std::fs::read_to_string(&cfg_path).with_context(|| format!("reading {}", cfg_path.display()))?;
-    let args = from_hf_config(&text).map_err(|e| anyhow!("{}: {e}", cfg_path.display()))?;
+    let args = crate::hf::folder_args(hf_dir)?;
     let src = HfSource::open(hf_dir)?;
     let n = src.shapes().len();
     let mut cfg = JobConfig::default();
     cfg.model.flavor = "hf".into();
+    cfg.model.name = args.family.parse().map_err(|e: String| anyhow!(e))?;
     cfg.model.hf_assets_path = std::fs::canonicalize(hf_dir)?.display().to_string();
     let state = serde_json::json!({
         "step": 0, "optimizer_step": 0, "loader": { "samples_consumed": 0 }, "seed": 0, "flavor": "hf",

@@ -42,6 +42,7 @@ pub fn generate(checkpoint: &Path, o: &GenerateOptions) -> Result<String> {
     let (model, tokenizer) = if crate::hf::is_hf_folder(checkpoint) {
         let mut cfg = crate::config::JobConfig::default();
         cfg.model.flavor = "hf".into();
+        cfg.model.name = crate::config::hf_model_name(checkpoint).map_err(|e| anyhow!(e))?;
         cfg.model.hf_assets_path = checkpoint.display().to_string();
         if !checkpoint.join("tokenizer.json").exists() {
             cfg.model.tokenizer_path = crate::config::Model::default().tokenizer_file().display().to_string();

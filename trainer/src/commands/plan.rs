@@ -54,7 +54,8 @@ pub fn plan(cfg: &JobConfig) -> Result<String> {
     let _ = match &args.moe {
         Some(m) => writeln!(
             out,
-            "model {}: {} layers ({} dense), {:.1} M parameters, {:.1} M active per token (top {} of {} experts + {} shared)",
+            "model {}/{}: {} layers ({} dense), {:.1} M parameters, {:.1} M active per token (top {} of {} experts + {} shared)",
+            args.family,
             cfg.model.flavor,
             args.n_layers,
             m.n_dense_layers,
@@ -64,7 +65,18 @@ pub fn plan(cfg: &JobConfig) -> Result<String> {
             m.num_experts,
             m.num_shared_experts
         ),
-        None => writeln!(out, "model {}: {} layers", cfg.model.flavor, args.n_layers),
+        None => writeln!(
+            out,
+            "model {}/{}: {} layers, {:.1} M parameters, {} heads ({} kv) of {}{}",
+            args.family,
+            cfg.model.flavor,
+            args.n_layers,
+            args.num_params() as f64 / 1e6,
+            args.n_heads,
+            args.n_kv_heads,
+            args.head_dim(),
+            if args.qk_norm { ", QK-norm" } else { "" }
+        ),
     };
     let last = layout.split.num_stages() - 1;
     for (s, layers) in layout.split.layers.iter().enumerate() {

@@ -37,8 +37,8 @@ macro_rules! choice {
 }
 
 choice!(
-    /// `model.name`: the model family.
-    ModelName { Llama3 = "llama3" }
+    /// `model.name`: the model family (`titan_models::registry`).
+    ModelName { Llama3 = "llama3", Qwen3 = "qwen3" }
 );
 
 choice!(

@@ -59,24 +59,52 @@ impl Model {
     }
 }
 
+impl Model {
+    /// The family `model.name` names.
+    pub fn family(&self) -> &'static titan_models::Family {
+        titan_models::registry::family(self.name.as_str()).expect("every `model.name` choice is a registered family")
+    }
+}
+
+/// The family of the HF model folder `dir` (from its `config.json`), as a `model.name`.
+pub fn hf_model_name(dir: &std::path::Path) -> Result<ModelName, String> {
+    let p = dir.join("config.json");
+    let text = std::fs::read_to_string(&p).map_err(|e| format!("reading {}: {e}", p.display()))?;
+    let c = titan_models::hf_config::parse(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+    let f = titan_models::registry::family_of_config(&c).map_err(|e| format!("{}: {e}", p.display()))?;
+    f.name.parse()
+}
+
 impl JobConfig {
-    /// The model's shape: a named flavor, or (`model.flavor = "hf"`) the `config.json` in
-    /// `model.hf_assets_path`. Errors name the file and the field.
+    /// The model's shape: a flavor of the `model.name` family, or (`model.flavor = "hf"`) the
+    /// `config.json` in `model.hf_assets_path`, which must be a model of that family. Errors
+    /// name the file, the key and the fix.
     pub fn model_args(&self) -> Result<titan_models::ModelArgs, String> {
-        if self.model.flavor == "hf" {
+        let family = self.model.family();
+        let mut args = if self.model.flavor == "hf" {
             let p = crate::paths::resolve(&self.model.hf_assets_path).join("config.json");
             let text = std::fs::read_to_string(&p).map_err(|e| {
                 format!("`model.flavor` = \"hf\" reads {}: {e}; set `model.hf_assets_path` to the folder of the model's config.json", p.display())
             })?;
-            return titan_models::hf_config::from_hf_config(&text).map_err(|e| format!("{}: {e}", p.display()));
-        }
-        let mut args = titan_models::ModelArgs::flavor(&self.model.flavor).ok_or_else(|| {
-            format!(
-                "`model.flavor` = {:?} is not a flavor; use one of {:?} or \"hf\"",
-                self.model.flavor,
-                titan_models::FLAVORS
-            )
-        })?;
+            let args = titan_models::hf_config::from_hf_config(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+            if args.family != family.name {
+                return Err(format!(
+                    "{} holds a {} model but `model.name` = {:?}; set `model.name` = {:?}",
+                    p.display(),
+                    args.family,
+                    family.name,
+                    args.family
+                ));
+            }
+            args
+        } else {
+            (family.flavor)(&self.model.flavor).ok_or_else(|| {
+                format!(
+                    "`model.flavor` = {:?} is not a {} flavor; use one of {:?} or \"hf\"",
+                    self.model.flavor, family.name, family.flavors
+                )
+            })?
+        };
         if let Some(m) = &mut args.moe {
             if let Some(c) = self.model.moe_load_balance_coeff() {
                 m.load_balance_coeff = c;

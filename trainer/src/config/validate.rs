@@ -3,7 +3,6 @@
 use super::choices::*;
 use super::schema::JobConfig;
 use anyhow::{bail, Result};
-use titan_models::FLAVORS;
 
 fn one_of(errors: &mut Vec<String>, key: &str, value: &str, allowed: &[&str]) {
     if !allowed.contains(&value) {
@@ -20,7 +19,7 @@ fn positive(errors: &mut Vec<String>, key: &str, value: u64) {
 pub fn validate(c: &JobConfig) -> Result<()> {
     let mut e = Vec::new();
     if c.model.flavor != "hf" {
-        one_of(&mut e, "model.flavor", &c.model.flavor, FLAVORS);
+        one_of(&mut e, "model.flavor", &c.model.flavor, c.model.family().flavors);
     }
     for (key, v) in [
         ("model.moe_load_balance_coeff", c.model.moe_load_balance_coeff),
@@ -63,7 +62,10 @@ pub fn validate(c: &JobConfig) -> Result<()> {
     }
     for (i, g) in o.param_groups.iter().enumerate() {
         if let Err(err) = regex::Regex::new(&g.pattern) {
-            e.push(format!("`optimizer.param_groups[{i}].pattern` = {:?} is not a regular expression: {err}", g.pattern));
+            e.push(format!(
+                "`optimizer.param_groups[{i}].pattern` = {:?} is not a regular expression: {err}",
+                g.pattern
+            ));
         }
         if g.lr.is_some_and(|lr| !(lr >= 0.0 && lr.is_finite())) {
             e.push(format!("`optimizer.param_groups[{i}].lr` = {:?} must be >= 0", g.lr.unwrap()));
@@ -109,10 +111,16 @@ pub fn validate(c: &JobConfig) -> Result<()> {
     }
     let p = &c.parallelism;
     if t.device_index < -1 {
-        e.push(format!("`training.device_index` = {} must be an adapter index, or -1 for one GPU per rank", t.device_index));
+        e.push(format!(
+            "`training.device_index` = {} must be an adapter index, or -1 for one GPU per rank",
+            t.device_index
+        ));
     }
     if !(t.loss_scale_init.is_finite() && t.loss_scale_init > 0.0) {
-        e.push(format!("`training.loss_scale_init` = {} must be a positive number (PyTorch's default: 65536)", t.loss_scale_init));
+        e.push(format!(
+            "`training.loss_scale_init` = {} must be a positive number (PyTorch's default: 65536)",
+            t.loss_scale_init
+        ));
     }
     if t.loss_scale_growth_interval == 0 {
         e.push("`training.loss_scale_growth_interval` = 0 must be at least 1 (PyTorch's default: 2000)".to_string());
@@ -156,7 +164,9 @@ pub fn validate(c: &JobConfig) -> Result<()> {
         e.push(m);
     }
     let f = &c.fault;
-    if !(f.straggler_threshold >= 0.0 && f.straggler_threshold.is_finite()) || (f.straggler_threshold > 0.0 && f.straggler_threshold <= 1.0) {
+    if !(f.straggler_threshold >= 0.0 && f.straggler_threshold.is_finite())
+        || (f.straggler_threshold > 0.0 && f.straggler_threshold <= 1.0)
+    {
         e.push(format!(
             "`fault.straggler_threshold` = {} must be above 1 (times the median compute time), or 0 to turn straggler detection off",
             f.straggler_threshold
@@ -164,7 +174,10 @@ pub fn validate(c: &JobConfig) -> Result<()> {
     }
     positive(&mut e, "fault.straggler_windows", f.straggler_windows as u64);
     if !(f.loss_spike_zscore >= 0.0 && f.loss_spike_zscore.is_finite()) {
-        e.push(format!("`fault.loss_spike_zscore` = {} must be a positive z-score (e.g. 6), or 0 to turn loss-spike rollback off", f.loss_spike_zscore));
+        e.push(format!(
+            "`fault.loss_spike_zscore` = {} must be a positive z-score (e.g. 6), or 0 to turn loss-spike rollback off",
+            f.loss_spike_zscore
+        ));
     }
     if f.loss_spike_zscore > 0.0 {
         if !c.checkpoint.enable {
@@ -178,7 +191,9 @@ pub fn validate(c: &JobConfig) -> Result<()> {
     if !(c.debug.slow_seconds >= 0.0 && c.debug.slow_seconds.is_finite()) {
         e.push(format!("`debug.slow_seconds` = {} must be a non-negative number of seconds", c.debug.slow_seconds));
     }
-    for (key, v) in [("init_timeout_seconds", c.comm.init_timeout_seconds), ("train_timeout_seconds", c.comm.train_timeout_seconds)] {
+    for (key, v) in
+        [("init_timeout_seconds", c.comm.init_timeout_seconds), ("train_timeout_seconds", c.comm.train_timeout_seconds)]
+    {
         if !(v > 0.0 && v.is_finite()) {
             e.push(format!("`comm.{key}` = {v} must be a positive number of seconds"));
         }

@@ -3,7 +3,7 @@
 //! transformers writes them), the tokenizer. Streamed: one tensor in memory at a time; the
 //! folder appears complete or not at all.
 
-use super::{to_hf, transpose};
+use super::transpose;
 use crate::config::ExportDtype;
 use anyhow::{anyhow, bail, Context, Result};
 use safetensors::Dtype;
@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use titan_checkpoints::sharded::tools::{stream_safetensors, LazyTensor};
 use titan_checkpoints::{Region, TensorSource};
 use titan_models::hf_config::to_hf_config;
-use titan_models::ModelArgs;
+use titan_models::{registry, HfTensor, ModelArgs};
 
 pub struct ExportOptions {
     /// The weights' type (`checkpoint.export_dtype`).
@@ -50,23 +50,49 @@ pub fn export(src: &dyn TensorSource, args: &ModelArgs, out: &Path, o: &ExportOp
         ExportDtype::Float32 => Dtype::F32,
         ExportDtype::BFloat16 => Dtype::BF16,
     };
-    if args.moe.is_some() {
-        bail!(
-            "{}: exporting a mixture-of-experts model to Hugging Face format is not implemented (titan-rs writes the transformers Llama layout, which has no experts); the titan-rs checkpoint holds the model",
-            src.describe()
-        );
-    }
+    let family = registry::of(args);
+    (family.exportable)(args)
+        .map_err(|why| anyhow!("{}: cannot write it in Hugging Face format: {why}", src.describe()))?;
     let mut tensors = Vec::new();
     for (key, shape) in src.shapes().into_iter().filter(|(k, _)| !crate::optim::is_state_key(k)) {
-        let (name, t) =
-            to_hf(&key).ok_or_else(|| anyhow!("{}: tensor {key} has no Hugging Face name", src.describe()))?;
-        let hf_shape: Vec<usize> = if t { shape.iter().rev().copied().collect() } else { shape.clone() };
-        let full = Region::full(&shape);
-        let bytes = Box::new(move || {
-            let v = src.read(&key, &full)?;
-            Ok(encode(&if t { transpose(&v, shape[0], shape[1]) } else { v }, dtype))
-        });
-        tensors.push(LazyTensor { name, dtype, shape: hf_shape, bytes });
+        let hf = (family.hf_tensor)(args, &key).ok_or_else(|| {
+            anyhow!("{}: tensor {key} has no Hugging Face name in the {} family", src.describe(), family.name)
+        })?;
+        match hf {
+            HfTensor::One { name, transposed: t } => {
+                let hf_shape: Vec<usize> = if t { shape.iter().rev().copied().collect() } else { shape.clone() };
+                let full = Region::full(&shape);
+                let bytes = Box::new(move || {
+                    let v = src.read(&key, &full)?;
+                    Ok(encode(&if t { transpose(&v, shape[0], shape[1]) } else { v }, dtype))
+                });
+                tensors.push(LazyTensor { name, dtype, shape: hf_shape, bytes });
+            }
+            // One `[out, in]` matrix per expert of the stacked `[E, in, out]`.
+            HfTensor::PerExpert { names } => {
+                let [_, i, o] = shape[..] else {
+                    bail!("{}: {key} has shape {shape:?}, not [experts, in, out]", src.describe())
+                };
+                for (e, name) in names.into_iter().enumerate() {
+                    let key = key.clone();
+                    let bytes = Box::new(move || {
+                        let v = src.read(&key, &Region { offsets: vec![e, 0, 0], lengths: vec![1, i, o] })?;
+                        Ok(encode(&transpose(&v, i, o), dtype))
+                    });
+                    tensors.push(LazyTensor { name, dtype, shape: vec![o, i], bytes });
+                }
+            }
+            // Not in the format: only a zero value can be left out without changing the model.
+            HfTensor::Absent => {
+                if src.read(&key, &Region::full(&shape))?.iter().any(|&x| x != 0.0) {
+                    bail!(
+                        "{}: {key} is not zero, and the {} Hugging Face format has no place for it (the MoE balancing bias routes tokens differently); train with `model.moe_load_balance_coeff` = 0 to export",
+                        src.describe(),
+                        family.name
+                    );
+                }
+            }
+        }
     }
     tensors.sort_by(|a, b| a.name.cmp(&b.name));
     // Greedy shards in name order, as transformers cuts them.

@@ -1,68 +1,17 @@
-//! Hugging Face interop: `LlamaForCausalLM` weights read as a [`TensorSource`] in titan-rs's
+//! Hugging Face interop: a model family's HF weights read as a [`TensorSource`] in titan-rs's
 //! names and layout (so loading reshards like any checkpoint: each rank reads only its slice),
-//! and a titan-rs model written as an HF folder that transformers loads.
-//!
-//! Key mapping (HF stores linear weights `[out, in]`, titan-rs `[in, out]`: transposed):
-//!
-//! | titan-rs | Hugging Face | |
-//! |---|---|---|
-//! | `tok_embeddings.weight` | `model.embed_tokens.weight` | |
-//! | `layers.N.attention.{wq,wk,wv,wo}.weight` | `model.layers.N.self_attn.{q,k,v,o}_proj.weight` | transposed |
-//! | `layers.N.feed_forward.{w1,w2,w3}.weight` | `model.layers.N.mlp.{gate,down,up}_proj.weight` | transposed |
-//! | `layers.N.attention_norm.weight` | `model.layers.N.input_layernorm.weight` | |
-//! | `layers.N.ffn_norm.weight` | `model.layers.N.post_attention_layernorm.weight` | |
-//! | `norm.weight` | `model.norm.weight` | |
-//! | `output.weight` (absent when tied) | `lm_head.weight` | transposed |
-//!
-//! Both use RoPE's rotate-half layout, so q/k need no permutation.
+//! and a titan-rs model written as an HF folder that transformers loads ([`export`]). The names
+//! are the family's ([`titan_models::registry::Family::hf_tensor`]; the tables are in
+//! `models/src/<family>/hf.rs`).
 
 pub mod export;
 
-use anyhow::Result;
-use std::collections::BTreeMap;
+use anyhow::{anyhow, Context, Result};
+use burn::prelude::Device;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use titan_checkpoints::{FolderReader, Region, TensorSource};
-
-/// `(titan-rs suffix, HF suffix, transposed)` inside a block.
-const BLOCK: [(&str, &str, bool); 9] = [
-    ("attention.wq.weight", "self_attn.q_proj.weight", true),
-    ("attention.wk.weight", "self_attn.k_proj.weight", true),
-    ("attention.wv.weight", "self_attn.v_proj.weight", true),
-    ("attention.wo.weight", "self_attn.o_proj.weight", true),
-    ("feed_forward.w1.weight", "mlp.gate_proj.weight", true),
-    ("feed_forward.w2.weight", "mlp.down_proj.weight", true),
-    ("feed_forward.w3.weight", "mlp.up_proj.weight", true),
-    ("attention_norm.weight", "input_layernorm.weight", false),
-    ("ffn_norm.weight", "post_attention_layernorm.weight", false),
-];
-const TOP: [(&str, &str, bool); 3] = [
-    ("tok_embeddings.weight", "model.embed_tokens.weight", false),
-    ("norm.weight", "model.norm.weight", false),
-    ("output.weight", "lm_head.weight", true),
-];
-
-/// A name translated through the tables (`to_hf`: titan-rs → HF, else back), with whether the
-/// matrix is transposed; `None` for a name with no counterpart.
-fn translate(name: &str, to_hf: bool) -> Option<(String, bool)> {
-    let pick = |e: &(&'static str, &'static str, bool)| if to_hf { (e.0, e.1) } else { (e.1, e.0) };
-    if let Some(e) = TOP.iter().find(|e| pick(e).0 == name) {
-        return Some((pick(e).1.to_string(), e.2));
-    }
-    let (from, to) = if to_hf { ("layers.", "model.layers.") } else { ("model.layers.", "layers.") };
-    let (n, tail) = name.strip_prefix(from)?.split_once('.')?;
-    let e = BLOCK.iter().find(|e| pick(e).0 == tail)?;
-    Some((format!("{to}{n}.{}", pick(e).1), e.2))
-}
-
-/// The HF name of a titan-rs key and whether the matrix is stored transposed.
-pub fn to_hf(key: &str) -> Option<(String, bool)> {
-    translate(key, true)
-}
-
-/// The titan-rs key of an HF name and whether it is transposed.
-pub fn from_hf(name: &str) -> Option<(String, bool)> {
-    translate(name, false)
-}
+use titan_models::{registry, HfTensor, ModelArgs, Transformer};
 
 /// `[rows, cols]` row-major → `[cols, rows]`.
 pub fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
@@ -75,25 +24,65 @@ pub fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
+/// Where one titan-rs tensor comes from.
+enum Entry {
+    /// An HF tensor, maybe transposed.
+    One { name: String, transposed: bool },
+    /// Stacked experts `[E, in, out]` from one `[out, in]` matrix per expert.
+    PerExpert { names: Vec<String> },
+    /// Not in the HF format: zeros of this shape.
+    Zeros(Vec<usize>),
+}
+
+/// The model arguments of the HF folder `dir` (its `config.json`); errors name the file.
+pub fn folder_args(dir: &Path) -> Result<ModelArgs> {
+    let p = dir.join("config.json");
+    let text = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+    titan_models::hf_config::from_hf_config(&text).map_err(|e| anyhow!("{}: {e}", p.display()))
+}
+
 /// An HF model folder's weights in titan-rs names and `[in, out]` layout. Tensors with no
 /// titan-rs counterpart keep their HF name (so the loader reports them).
 pub struct HfSource {
     inner: FolderReader,
-    /// titan-rs key → (HF name, transposed).
-    names: BTreeMap<String, (String, bool)>,
+    names: BTreeMap<String, Entry>,
 }
 
 impl HfSource {
+    /// Opens `dir`; its `config.json` says the family (whose names are used) and the shape.
     pub fn open(dir: &Path) -> Result<Self> {
         let inner = FolderReader::open(dir)?;
-        let names = inner
-            .shapes()
-            .into_keys()
-            .map(|hf| match from_hf(&hf) {
-                Some((key, t)) => (key, (hf, t)),
-                None => (hf.clone(), (hf, false)),
-            })
-            .collect();
+        let args = folder_args(dir)?;
+        let family = registry::of(&args);
+        let hf = inner.shapes();
+        let mut keys: Vec<(String, Vec<usize>)> =
+            Transformer::new(&args, 0, &Device::flex()).param_specs().into_iter().map(|s| (s.path, s.shape)).collect();
+        // A separate `lm_head` of a tied model is read (and then ignored by the loader).
+        if args.tie_word_embeddings {
+            keys.push(("output.weight".into(), vec![args.dim, args.vocab_size]));
+        }
+        let (mut names, mut used) = (BTreeMap::new(), HashSet::new());
+        for (key, shape) in keys {
+            let entry = match (family.hf_tensor)(&args, &key) {
+                Some(HfTensor::One { name, transposed }) if hf.contains_key(&name) => Entry::One { name, transposed },
+                Some(HfTensor::PerExpert { names }) if names.iter().all(|n| hf.contains_key(n)) => {
+                    Entry::PerExpert { names }
+                }
+                Some(HfTensor::Absent) => Entry::Zeros(shape),
+                _ => continue, // not in the folder: the loader names it as missing
+            };
+            match &entry {
+                Entry::One { name, .. } => {
+                    used.insert(name.clone());
+                }
+                Entry::PerExpert { names } => used.extend(names.iter().cloned()),
+                Entry::Zeros(_) => {}
+            }
+            names.insert(key, entry);
+        }
+        for name in hf.into_keys().filter(|n| !used.contains(n)) {
+            names.insert(name.clone(), Entry::One { name, transposed: false });
+        }
         Ok(Self { inner, names })
     }
 }
@@ -108,25 +97,46 @@ impl TensorSource for HfSource {
     }
 
     fn shape(&self, key: &str) -> Option<Vec<usize>> {
-        let (hf, t) = self.names.get(key)?;
-        let mut s = self.inner.shape(hf)?;
-        if *t {
-            s.reverse();
+        match self.names.get(key)? {
+            Entry::One { name, transposed } => {
+                let mut s = self.inner.shape(name)?;
+                if *transposed {
+                    s.reverse();
+                }
+                Some(s)
+            }
+            Entry::PerExpert { names } => {
+                let s = self.inner.shape(&names[0])?;
+                (s.len() == 2).then(|| vec![names.len(), s[1], s[0]])
+            }
+            Entry::Zeros(s) => Some(s.clone()),
         }
-        Some(s)
     }
 
     fn read(&self, key: &str, region: &Region) -> Result<Vec<f32>> {
-        let Some((hf, t)) = self.names.get(key) else { return self.inner.read(key, region) };
-        if !*t {
-            return self.inner.read(hf, region);
-        }
-        let flipped = Region {
-            offsets: region.offsets.iter().rev().copied().collect(),
-            lengths: region.lengths.iter().rev().copied().collect(),
+        // A transposed `[out, in]` matrix's region of the `[in, out]` view.
+        let flipped = |offsets: &[usize], lengths: &[usize]| Region {
+            offsets: offsets.iter().rev().copied().collect(),
+            lengths: lengths.iter().rev().copied().collect(),
         };
-        let data = self.inner.read(hf, &flipped)?;
-        Ok(transpose(&data, flipped.lengths[0], flipped.lengths[1]))
+        match self.names.get(key) {
+            None => self.inner.read(key, region),
+            Some(Entry::One { name, transposed: false }) => self.inner.read(name, region),
+            Some(Entry::One { name, transposed: true }) => {
+                let r = flipped(&region.offsets, &region.lengths);
+                Ok(transpose(&self.inner.read(name, &r)?, r.lengths[0], r.lengths[1]))
+            }
+            Some(Entry::PerExpert { names }) => {
+                let (e0, ne) = (region.offsets[0], region.lengths[0]);
+                let r = flipped(&region.offsets[1..], &region.lengths[1..]);
+                let mut out = Vec::with_capacity(region.numel());
+                for name in &names[e0..e0 + ne] {
+                    out.extend(transpose(&self.inner.read(name, &r)?, r.lengths[0], r.lengths[1]));
+                }
+                Ok(out)
+            }
+            Some(Entry::Zeros(_)) => Ok(vec![0.0; region.numel()]),
+        }
     }
 }
 
@@ -182,23 +192,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_round_trip() {
-        for key in [
-            "tok_embeddings.weight",
-            "layers.3.attention.wk.weight",
-            "layers.11.feed_forward.w2.weight",
-            "layers.0.ffn_norm.weight",
-            "norm.weight",
-            "output.weight",
-        ] {
-            let (hf, t) = to_hf(key).unwrap();
-            assert_eq!(from_hf(&hf), Some((key.to_string(), t)));
-        }
-        assert_eq!(
-            to_hf("layers.2.feed_forward.w3.weight").unwrap(),
-            ("model.layers.2.mlp.up_proj.weight".into(), true)
-        );
-        assert!(from_hf("model.layers.0.self_attn.rotary_emb.inv_freq").is_none());
+    fn transpose_swaps_rows_and_columns() {
         assert_eq!(transpose(&[1., 2., 3., 4., 5., 6.], 2, 3), vec![1., 4., 2., 5., 3., 6.]);
     }
 }

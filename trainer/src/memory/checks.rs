@@ -73,11 +73,13 @@ pub fn check(c: &JobConfig) -> Result<()> {
                 if args.moe.as_ref().is_some_and(|m| m.aux_loss_alpha > 0.0) && t.device.is_gpu() {
                     e.push("`model.moe_aux_loss_alpha` > 0 runs on the CPU device (the loss is attached by a CPU op); set `training.device` = \"cpu\" or the weight to 0".into());
                 }
-                if args.moe.is_some() && c.checkpoint.last_save_in_hf {
-                    e.push(format!(
-                        "`checkpoint.last_save_in_hf` = true: `model.flavor` = {:?} is a mixture-of-experts model, which titan-rs does not export to Hugging Face format yet (the Llama layout has no experts); set it to false",
-                        c.model.flavor
-                    ));
+                if c.checkpoint.last_save_in_hf {
+                    if let Err(why) = (titan_models::registry::of(&args).exportable)(&args) {
+                        e.push(format!(
+                            "`checkpoint.last_save_in_hf` = true: `model.flavor` = {:?} cannot be written in Hugging Face format: {why}; set it to false",
+                            c.model.flavor
+                        ));
+                    }
                 }
                 match (&args.moe, d.ep) {
                     (None, ep) if ep > 1 => e.push(format!(

@@ -80,6 +80,8 @@ struct Widths {
     f: u64,
     heads: u64,
     vocab: u64,
+    /// Qwen3's QK-norm: the normed queries and keys kept next to the projections.
+    qk_norm: u64,
     /// Positions of the residual stream per position of the sequence (`1/tp` under SP).
     residual_share: f64,
     /// A mixture-of-experts FFN's activations per token (all kept / kept under op-level AC):
@@ -97,6 +99,7 @@ impl Widths {
             kv: (a.n_kv_heads as u64 / tp).max(1) * hd,
             f: (a.ffn_hidden_dim() as u64).div_ceil(tp),
             heads: a.n_heads as u64 / tp,
+            qk_norm: if a.qk_norm { (a.n_heads as u64 / tp + (a.n_kv_heads as u64 / tp).max(1)) * hd } else { 0 },
             vocab: (a.vocab_size as u64).div_ceil(tp),
             residual_share: if sp && tp > 1 { 1.0 / tp as f64 } else { 1.0 },
             moe: a.moe.as_ref().map(|m| {
@@ -125,7 +128,7 @@ impl Widths {
     /// Bytes block `layer` keeps per token without checkpointing.
     fn block(&self, a: &ModelArgs, layer: usize, elem: u64) -> f64 {
         let residual = 2.0 * self.d as f64 * self.residual_share;
-        let full = 2 * self.d + self.q + 2 * self.kv + 2 * self.q + self.ffn(a, layer, false);
+        let full = 2 * self.d + self.q + 2 * self.kv + 2 * self.q + self.qk_norm + self.ffn(a, layer, false);
         (residual + full as f64) * elem as f64 + 4.0 * self.heads as f64
     }
 

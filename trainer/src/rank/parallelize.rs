@@ -1,4 +1,4 @@
-//! How the Llama model is laid out on this rank's mesh (TorchTitan's `parallelize_llama`):
+//! How the decoder (every family) is laid out on this rank's mesh (TorchTitan's `parallelize_llama`):
 //! tensor parallelism first (slices driven by each parameter's logical axes, activation hooks),
 //! then FSDP over the TP-local parameters. The same placement turns full tensors (checkpoints)
 //! into this rank's pieces and back, computes the loss, and completes gradients and their norm.
@@ -15,7 +15,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use titan_checkpoints::{HostTensor, TensorMap};
 use titan_models::Hooks;
-use titan_models::{llama::logical_axes, LogicalAxis};
+use titan_models::{decoder::logical_axes, LogicalAxis};
 use titan_parallel::autograd::host::{self, Prim};
 use titan_parallel::cp::{ContextParallelHooks, CpSpec, Rotate};
 use titan_parallel::ddp::{all_reduce_gradients, BUCKET_BYTES};
@@ -41,10 +41,11 @@ pub fn ep_split_dim(path: &str) -> Option<usize> {
     (axes.len() == 3 && axes[0] == LogicalAxis::Experts).then_some(0)
 }
 
-/// Whether a parameter belongs to a mixture-of-experts FFN (run on this rank's tokens only, so
-/// under TP its gradient is partial per rank).
-fn is_moe(path: &str) -> bool {
-    path.contains(".moe.")
+/// Whether a parameter's gradient is partial per TP rank whatever sequence parallelism does:
+/// a mixture-of-experts FFN's (run on this rank's tokens only), and the QK-norm weights (each
+/// rank applies them to its own heads).
+fn tp_partial(path: &str) -> bool {
+    path.contains(".moe.") || logical_axes(path).is_some_and(|a| a == [LogicalAxis::HeadDim])
 }
 
 /// What expert parallelism did: the routed experts' split dimension (0), by parameter path.
@@ -65,8 +66,8 @@ pub struct Placement {
     tp_split: HashSet<ParamId>,
     /// Routed experts split by EP (summed over the EP group, sharded over the expert FSDP group).
     ep_split: HashSet<ParamId>,
-    /// MoE parameters (their gradients are partial per TP rank).
-    moe: HashSet<ParamId>,
+    /// Parameters whose gradients are partial per TP rank (MoE, QK-norm).
+    tp_partial: HashSet<ParamId>,
     /// Use the fused cross-entropy kernel where the device has one.
     pub fused_loss: bool,
 }
@@ -121,7 +122,7 @@ pub fn parallelize_llama(mut model: RankModel, rank: &RankContext, opts: Paralle
     let ids = |model: &RankModel, keep: &dyn Fn(&str) -> bool| -> HashSet<ParamId> {
         params::param_ids(model).into_iter().filter(|(_, p)| keep(p)).map(|(id, _)| id).collect()
     };
-    placement.moe = ids(&model, &is_moe);
+    placement.tp_partial = ids(&model, &tp_partial);
     if let Some(g) = &rank.ep {
         let (m, split_dims) = slice_params(model, g, ep_split_dim);
         let wrap = |c: titan_models::Transformer| {
@@ -169,14 +170,14 @@ impl Placement {
     /// summed; then replicas sum all of theirs.
     pub fn reduce_gradients(&self, model: &RankModel, acc: &mut GradientsParams, rank: &RankContext) -> Result<()> {
         if let Some(tp) = &self.tp {
-            // Partial per TP rank: what saw only this rank's positions — replicated parameters
-            // under sequence parallelism, MoE parameters always — except the EP-split experts
-            // (their dispatch already brought every rank's tokens).
+            // Partial per TP rank: what saw only this rank's positions or heads — replicated
+            // parameters under sequence parallelism, MoE and QK-norm parameters always — except
+            // the EP-split experts (their dispatch already brought every rank's tokens).
             let sp = tp.replicated_grads_are_partial();
             let partial = |id: ParamId| {
-                !self.tp_split.contains(&id) && !self.ep_split.contains(&id) && (sp || self.moe.contains(&id))
+                !self.tp_split.contains(&id) && !self.ep_split.contains(&id) && (sp || self.tp_partial.contains(&id))
             };
-            if sp || !self.moe.is_empty() {
+            if sp || !self.tp_partial.is_empty() {
                 with_group(tp.group.id(), |c| all_reduce_gradients(model, acc, c, BUCKET_BYTES, &partial))?;
             }
         }

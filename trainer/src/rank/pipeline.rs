@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use titan_checkpoints::{load_tensors, save_tensors, TensorMap};
 use titan_data::Batch;
-use titan_models::llama::StageInput;
+use titan_models::decoder::StageInput;
 use titan_models::{Checkpointing, Documents, Tape};
 use titan_models::{ModelArgs, Transformer};
 use titan_parallel::pp::schedule::{check_microbatches, rank_actions};
@@ -334,7 +334,8 @@ pub fn forward_only(
         };
         let y = model.chunks[c].forward_stage(input, t, docs);
         if stage == stages - 1 {
-            loss = titan_kernels::transfer::scalar(placement.loss(y, to_tensor_2d(&batch.targets, b, t, device))) as f64;
+            loss =
+                titan_kernels::transfer::scalar(placement.loss(y, to_tensor_2d(&batch.targets, b, t, device))) as f64;
         } else {
             wire.send(y, stage + 1, 0, false)?;
         }

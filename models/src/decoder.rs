@@ -1,4 +1,6 @@
-//! The Llama-3 decoder: embedding → N × (attention + SwiGLU FFN, pre-norm) → norm → output head.
+//! The decoder every family shares: embedding → N × (attention + SwiGLU FFN or MoE, pre-norm)
+//! → norm → output head. What differs between families is a field of [`ModelArgs`]: the head
+//! width, Qwen3's per-head QK-norm, the experts.
 //!
 //! Plain model code, no communication. Parameter paths follow TorchTitan
 //! (`tok_embeddings.weight`, `layers.3.attention.wq.weight`, `norm.weight`, `output.weight`).
@@ -26,6 +28,9 @@ pub struct Attention {
     pub wk: Linear,
     pub wv: Linear,
     pub wo: Linear,
+    /// Qwen3: RMSNorm over each query / key head (`[head_dim]` weights) before RoPE.
+    pub q_norm: Option<RmsNorm>,
+    pub k_norm: Option<RmsNorm>,
     pub head_dim: usize,
     /// Use the fused kernel (`titan_kernels`) where the device has it.
     pub fused: bool,
@@ -40,6 +45,8 @@ impl Attention {
             wk: Linear::new(seed, &p("wk"), a.dim, a.n_kv_heads * hd, INIT_STD, device),
             wv: Linear::new(seed, &p("wv"), a.dim, a.n_kv_heads * hd, INIT_STD, device),
             wo: Linear::new(seed, &p("wo"), a.n_heads * hd, a.dim, out_std, device),
+            q_norm: a.qk_norm.then(|| RmsNorm::new(seed, &p("q_norm"), hd, a.norm_eps, device)),
+            k_norm: a.qk_norm.then(|| RmsNorm::new(seed, &p("k_norm"), hd, a.norm_eps, device)),
             head_dim: hd,
             fused: true,
         }
@@ -55,8 +62,16 @@ impl Attention {
             let n = y.dims()[2] / hd;
             y.reshape([b, t, n, hd]).swap_dims(1, 2)
         };
-        let q = pos.rope.apply(heads(self.wq.forward(x.clone())));
-        let k = pos.rope.apply(heads(self.wk.forward(x.clone())));
+        // Per-head norm over the last dim, on `[b·t, heads, hd]` (before the heads move forward).
+        let head_norm = |y: Tensor<3>, norm: &Option<RmsNorm>| match norm {
+            Some(norm) => {
+                let n = y.dims()[2] / hd;
+                norm.forward(y.reshape([b * t, n, hd])).reshape([b, t, n * hd])
+            }
+            None => y,
+        };
+        let q = pos.rope.apply(heads(head_norm(self.wq.forward(x.clone()), &self.q_norm)));
+        let k = pos.rope.apply(heads(head_norm(self.wk.forward(x.clone()), &self.k_norm)));
         let v = heads(self.wv.forward(x));
         let nh = q.dims()[1];
         let o = hooks.attention(q, k, v, pos.doc_starts.clone(), self.fused);
@@ -215,6 +230,9 @@ impl Transformer {
             for linear in [&mut a.wq, &mut a.wk, &mut a.wv, &mut a.wo] {
                 linear.fused = fused;
             }
+            for norm in [&mut a.q_norm, &mut a.k_norm].into_iter().flatten() {
+                norm.fused = fused;
+            }
             if let Some(f) = &mut l.feed_forward {
                 f.fused = fused;
                 for linear in [&mut f.w1, &mut f.w2, &mut f.w3] {
@@ -294,15 +312,21 @@ impl Transformer {
         }
         let out = match (&self.norm, &self.output, &self.tok_embeddings) {
             // Logits in float32 for the loss, whatever the compute type.
-            (Some(norm), Some(output), _) => traced(|| "output".into(), h, |h| {
-                output.forward(self.hooks.column_input(norm.forward(h))).cast(burn::tensor::FloatDType::F32)
-            }),
+            (Some(norm), Some(output), _) => traced(
+                || "output".into(),
+                h,
+                |h| output.forward(self.hooks.column_input(norm.forward(h))).cast(burn::tensor::FloatDType::F32),
+            ),
             // Tied: logits = h · Eᵀ (under TP, this rank's vocabulary rows of E: its logits slice).
-            (Some(norm), None, Some(e)) if self.tie_word_embeddings => traced(|| "output".into(), h, |h| {
-                let x = self.hooks.column_input(norm.forward(h));
-                let w = e.weight.val().cast(x.dtype()).transpose().unsqueeze::<3>();
-                x.matmul(w).cast(burn::tensor::FloatDType::F32)
-            }),
+            (Some(norm), None, Some(e)) if self.tie_word_embeddings => traced(
+                || "output".into(),
+                h,
+                |h| {
+                    let x = self.hooks.column_input(norm.forward(h));
+                    let w = e.weight.val().cast(x.dtype()).transpose().unsqueeze::<3>();
+                    x.matmul(w).cast(burn::tensor::FloatDType::F32)
+                },
+            ),
             _ => h,
         };
         (out, tape)
@@ -387,6 +411,7 @@ pub fn logical_axes(path: &str) -> Option<Vec<LogicalAxis>> {
         "w1" | "w3" => vec![Embed, Mlp],
         "w2" => vec![Mlp, Embed],
         "norm" | "attention_norm" | "ffn_norm" => vec![Embed],
+        "q_norm" | "k_norm" => vec![HeadDim],
         _ => return None,
     })
 }
