@@ -55,6 +55,33 @@ fn moe_training_on_the_wgpu_adapter_matches_the_cpu_run() {
     assert_matches("moe_debug wgpu vs cpu", &cpu, &gpu, 1e-5);
 }
 
+/// Qwen3 (QK-norm: the fused RMSNorm kernel over each head; heads wider than dim / heads),
+/// Qwen3-MoE and DeepSeek-V3 (latent attention, group-limited routing) on the adapter follow the
+/// CPU run within 1e-5; Qwen3 under FSDP 2 × TP 2 on GPU ranks (the QK-norm gradients summed
+/// over TP) equals one GPU rank.
+#[test]
+fn other_families_on_the_wgpu_adapter_match_the_cpu_run() {
+    let d = tempfile::tempdir().unwrap();
+    let base = "--training.global_batch_size 4 --model.attention fused";
+    let mut one_gpu = Vec::new();
+    for (family, flavor) in [("qwen3", "tiny"), ("qwen3", "tiny_moe"), ("deepseek_v3", "tiny")] {
+        let flags =
+            format!("{base} --model.name {family} --model.flavor {flavor} --parallelism.data_parallel_shard_degree 1");
+        let cpu = layout_run(&d.path().join(format!("{family}-{flavor}-cpu")), &flags, 2);
+        let gpu =
+            layout_run(&d.path().join(format!("{family}-{flavor}-wgpu")), &format!("{flags} --training.device wgpu"), 2);
+        assert_matches(&format!("{family} {flavor} wgpu vs cpu"), &cpu, &gpu, 1e-5);
+        if (family, flavor) == ("qwen3", "tiny") {
+            one_gpu = gpu;
+        }
+    }
+    let mesh = format!(
+        "{base} --model.name qwen3 --model.flavor tiny --training.device wgpu --nproc 4 --parallelism.data_parallel_shard_degree 2 \
+         --parallelism.tensor_parallel_degree 2 --training.local_batch_size 2"
+    );
+    assert_matches("qwen3 wgpu FSDP 2 × TP 2", &one_gpu, &layout_run(&d.path().join("mesh"), &mesh, 2), 1e-5);
+}
+
 /// The mesh on GPU ranks — several ranks as threads sharing the software adapter, their
 /// collectives staged through host memory — equals one GPU rank: DDP 2, FSDP 2, TP 2 with and
 /// without sequence parallelism, FSDP 2 × TP 2, PP 2 × FSDP 2, PP 2 × FSDP 2 × TP 2, HSDP 2 × 2 and CP 2 (ring and

@@ -1,5 +1,5 @@
 //! Hugging Face interop against fixtures written by transformers itself (Llama:
-//! scripts/hf_fixture.py; Qwen3 dense and MoE: scripts/qwen3_fixtures.py): titan-rs's logits,
+//! scripts/hf_fixture.py; Qwen3 dense and MoE: scripts/family_fixtures.py): titan-rs's logits,
 //! loss and greedy continuation equal transformers', under any layout; export and conversion
 //! round trips; every bad input a clear error.
 
@@ -68,7 +68,7 @@ fn next_token_loss(logits: &[f32], ids: &[Vec<i64>], v: usize) -> f64 {
 fn logits_and_loss_equal_transformers() {
     use titan_rs::{config::load_config, rank::RankContext, train::trainer::Trainer};
     let d = tempfile::tempdir().unwrap();
-    for name in ["tied_bf16", "untied_sharded", "qwen3_tied_bf16", "qwen3_moe_sharded"] {
+    for name in ["tied_bf16", "untied_sharded", "qwen3_tied_bf16", "qwen3_moe_sharded", "qwen3_yarn", "deepseek_v3_tiny"] {
         let dir = fixture(name);
         let reference: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
@@ -124,6 +124,9 @@ fn hf_models_load_under_every_layout() {
         ("qwen3_moe_sharded", fsdp_tp),
         ("qwen3_moe_sharded", pp),
         ("qwen3_moe_sharded", ep),
+        ("deepseek_v3_tiny", fsdp_tp),
+        ("deepseek_v3_tiny", pp),
+        ("deepseek_v3_tiny", ep),
     ]
     .into_iter()
     .enumerate()
@@ -197,7 +200,7 @@ fn bad_hf_inputs_are_clear_errors() {
     case("ffn", &|c| c["intermediate_size"] = 128.into(), &["feed_forward.w", "[64, 160]", "[64, 128]"]);
     case("vocab", &|c| c["vocab_size"] = 1000.into(), &["2048 tokens", "vocab_size 1000"]);
     case("bias", &|c| c["attention_bias"] = true.into(), &["config.json", "`attention_bias` = true"]);
-    case("rope", &|c| c["rope_scaling"]["rope_type"] = "yarn".into(), &["config.json", "\"yarn\""]);
+    case("rope", &|c| c["rope_scaling"]["rope_type"] = "longrope".into(), &["config.json", "\"longrope\""]);
     case("arch", &|c| c["architectures"] = serde_json::json!(["Qwen2ForCausalLM"]), &["Qwen2ForCausalLM"]);
     // A Qwen3 folder read as Llama: the fix is named.
     let q = fixture("qwen3_tied_bf16");
@@ -248,7 +251,11 @@ fn conversion_and_export_round_trip() {
     assert_eq!(all_tensors(&out), all_tensors(&fixture("untied_sharded")));
     // Qwen3 (bf16 in, fp32 out: the same values) and Qwen3-MoE (one HF matrix per expert): every
     // tensor back, no more, no fewer, and a config transformers reads as the same class.
-    for (name, class) in [("qwen3_tied_bf16", "Qwen3ForCausalLM"), ("qwen3_moe_sharded", "Qwen3MoeForCausalLM")] {
+    for (name, class) in [
+        ("qwen3_tied_bf16", "Qwen3ForCausalLM"),
+        ("qwen3_moe_sharded", "Qwen3MoeForCausalLM"),
+        ("deepseek_v3_tiny", "DeepseekV3ForCausalLM"),
+    ] {
         let (ck, out) = (d.path().join(format!("{name}-ck")), d.path().join(format!("{name}-out")));
         assert_ok(&titan(&["convert", "from-hf", &p(&fixture(name)), &p(&ck)]));
         assert_ok(&titan(&["convert", "to-hf", &p(&ck), &p(&out), "--max-shard-mb", "1"]));

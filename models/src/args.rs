@@ -35,6 +35,45 @@ pub struct ModelArgs {
     pub tie_word_embeddings: bool,
     /// Mixture-of-experts FFNs (after the first `n_dense_layers` blocks); `None`: dense.
     pub moe: Option<MoeArgs>,
+    /// Multi-head latent attention (DeepSeek-V2/V3) instead of grouped-query attention; then
+    /// `head_dim` is the RoPE part of a head (`qk_rope_head_dim`) and `n_kv_heads = n_heads`.
+    pub mla: Option<MlaArgs>,
+}
+
+/// Multi-head latent attention (TorchTitan's / transformers' DeepSeek-V3 arguments).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MlaArgs {
+    /// Rank of the queries' low-rank projection (`wq_a` → norm → `wq_b`); 0: one `wq`.
+    pub q_lora_rank: usize,
+    /// Rank of the compressed keys and values (`wkv_a` → norm → `wkv_b`).
+    pub kv_lora_rank: usize,
+    /// Per head: query/key dimensions without position, with RoPE (shared by the heads' keys),
+    /// and value dimensions.
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    /// Factor on the softmax scale `1/sqrt(qk_nope_head_dim + qk_rope_head_dim)` (YaRN's
+    /// `mscale²` under DeepSeek-V3's long-context RoPE; 1 otherwise).
+    pub softmax_scale: f64,
+}
+
+impl MlaArgs {
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+
+    /// Parameters of one MLA block with `heads` heads on `dim`.
+    pub fn params(&self, dim: usize, heads: usize) -> usize {
+        let qk = self.qk_head_dim();
+        let q = match self.q_lora_rank {
+            0 => dim * heads * qk,
+            r => dim * r + r + r * heads * qk,
+        };
+        let kv = dim * (self.kv_lora_rank + self.qk_rope_head_dim)
+            + self.kv_lora_rank
+            + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim);
+        q + kv + heads * self.v_head_dim * dim
+    }
 }
 
 /// How router logits become scores.
@@ -52,6 +91,11 @@ pub struct MoeArgs {
     pub num_experts: usize,
     /// Experts each token is routed to.
     pub top_k: usize,
+    /// Group-limited routing (DeepSeek-V3): the experts form `n_group` equal groups, and a token
+    /// chooses its `top_k` only among the `topk_group` groups with the highest sums of their
+    /// two best scores. `1, 1`: no limit.
+    pub n_group: usize,
+    pub topk_group: usize,
     /// Hidden units of one expert (shared experts: this times `num_shared_experts`).
     pub hidden_dim: usize,
     pub num_shared_experts: usize,
@@ -108,6 +152,7 @@ impl ModelArgs {
             ffn_hidden: None,
             tie_word_embeddings: false,
             moe: None,
+            mla: None,
         }
     }
 
@@ -155,7 +200,10 @@ impl ModelArgs {
     fn block_params(&self, layer: usize, active: bool) -> usize {
         let (d, hd) = (self.dim, self.head_dim());
         let qk_norm = if self.qk_norm { 2 * hd } else { 0 };
-        let attn = d * self.n_heads * hd * 2 + d * self.n_kv_heads * hd * 2 + qk_norm;
+        let attn = match &self.mla {
+            Some(mla) => mla.params(d, self.n_heads),
+            None => d * self.n_heads * hd * 2 + d * self.n_kv_heads * hd * 2 + qk_norm,
+        };
         let ffn = match &self.moe {
             Some(m) if self.is_moe_layer(layer) => {
                 if active {
@@ -204,7 +252,8 @@ impl ModelArgs {
     /// Training FLOPs per token at context length `seq_len`, as TorchTitan counts them:
     /// `6·N_matmul + 12·L·H·d_head·T`, with `N_matmul` the active parameters of an MoE model.
     pub fn flops_per_token(&self, seq_len: usize) -> f64 {
-        6.0 * self.num_matmul_params() as f64 + 12.0 * (self.n_layers * self.n_heads * self.head_dim() * seq_len) as f64
+        let hd = self.mla.as_ref().map_or(self.head_dim(), |m| (m.qk_head_dim() + m.v_head_dim) / 2);
+        6.0 * self.num_matmul_params() as f64 + 12.0 * (self.n_layers * self.n_heads * hd * seq_len) as f64
     }
 
     /// Checks the shape is internally consistent; the error names what to change.
@@ -218,6 +267,17 @@ impl ModelArgs {
         if self.head_dim() % 2 != 0 {
             return Err(format!("head_dim {} must be even for RoPE", self.head_dim()));
         }
+        if let Some(mla) = &self.mla {
+            if self.head_dim != mla.qk_rope_head_dim || self.n_kv_heads != self.n_heads {
+                return Err(format!(
+                    "multi-head latent attention needs head_dim = qk_rope_head_dim ({} vs {}) and n_kv_heads = n_heads ({} vs {})",
+                    self.head_dim, mla.qk_rope_head_dim, self.n_kv_heads, self.n_heads
+                ));
+            }
+            if mla.kv_lora_rank == 0 || mla.qk_nope_head_dim == 0 || mla.v_head_dim == 0 {
+                return Err("mla kv_lora_rank, qk_nope_head_dim and v_head_dim must be >= 1".into());
+            }
+        }
         if let Some(m) = &self.moe {
             if m.num_experts == 0 || m.top_k == 0 || m.top_k > m.num_experts {
                 return Err(format!(
@@ -227,6 +287,15 @@ impl ModelArgs {
             }
             if m.hidden_dim == 0 {
                 return Err("moe hidden_dim must be >= 1".into());
+            }
+            if m.n_group == 0 || m.num_experts % m.n_group != 0 || m.topk_group == 0 || m.topk_group > m.n_group {
+                return Err(format!(
+                    "moe n_group {} must divide the {} experts and topk_group {} be between 1 and n_group",
+                    m.n_group, m.num_experts, m.topk_group
+                ));
+            }
+            if m.top_k > m.topk_group * (m.num_experts / m.n_group) {
+                return Err(format!("moe top_k {} exceeds the experts of topk_group {} groups", m.top_k, m.topk_group));
             }
         }
         Ok(())
@@ -285,7 +354,7 @@ mod tests {
 
     #[test]
     fn qwen3_param_counts_match_transformers() {
-        // transformers 5.25 on the meta device (scripts/qwen3_fixtures.py --counts): the published
+        // transformers 5.25 on the meta device (scripts/family_fixtures.py --counts): the published
         // configs. Ours carry the MoE balancing bias too (experts per MoE layer).
         let n = |f: &str| {
             let a = crate::qwen3::flavor(f).unwrap();
@@ -294,5 +363,8 @@ mod tests {
         for (f, want) in QWEN3_COUNTS {
             assert_eq!(n(f), *want, "{f}");
         }
+        // DeepSeek-V3 (transformers 5.25, meta device, no multi-token prediction): 671 026 404 352
+        // parameters and a 14 848-value correction-bias buffer, which ours counts as parameters.
+        assert_eq!(crate::deepseek_v3::flavor("671B").unwrap().num_params(), 671_026_404_352 + 14_848);
     }
 }

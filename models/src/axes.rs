@@ -18,6 +18,10 @@ pub enum LogicalAxis {
     /// Within one attention head (Qwen3's QK-norm weights): never split; under tensor
     /// parallelism each rank applies the weight to its heads, so its gradient is partial.
     HeadDim,
+    /// The low-rank latent of multi-head latent attention (and, in `wkv_a`, the shared RoPE
+    /// key): never split; under tensor parallelism only this rank's heads read it, so its
+    /// gradients are partial.
+    Latent,
     /// The SwiGLU hidden dimension.
     Mlp,
     /// The expert index of a mixture-of-experts layer (split by expert parallelism).
@@ -34,6 +38,7 @@ impl fmt::Display for LogicalAxis {
             LogicalAxis::Heads => "heads",
             LogicalAxis::KvHeads => "kv_heads",
             LogicalAxis::HeadDim => "head_dim",
+            LogicalAxis::Latent => "latent",
             LogicalAxis::Mlp => "mlp",
             LogicalAxis::Experts => "experts",
             LogicalAxis::ExpertMlp => "expert_mlp",

@@ -10,6 +10,7 @@ use crate::axes::{LogicalAxis, ParamSpec};
 use crate::checkpoint::{Checkpointing, Tape};
 use crate::hooks::Hooks;
 use crate::layers::{Embedding, Linear, RmsNorm};
+use crate::mla::Mla;
 use crate::moe::MoE;
 use crate::positions::{Documents, Positions};
 use crate::rope::RopeScaling;
@@ -111,7 +112,9 @@ impl FeedForward {
 #[derive(Module, Debug)]
 pub struct TransformerBlock {
     pub attention_norm: RmsNorm,
-    pub attention: Attention,
+    /// Grouped-query attention, or (DeepSeek) `None` and `mla`.
+    pub attention: Option<Attention>,
+    pub mla: Option<Mla>,
     pub ffn_norm: RmsNorm,
     /// The dense FFN, or (MoE models after their dense layers) `None` and `moe`.
     pub feed_forward: Option<FeedForward>,
@@ -125,7 +128,8 @@ impl TransformerBlock {
         let out_std = INIT_STD / (2.0 * (layer + 1) as f64).sqrt();
         Self {
             attention_norm: RmsNorm::new(seed, &format!("{path}.attention_norm"), a.dim, a.norm_eps, device),
-            attention: Attention::new(a, seed, &format!("{path}.attention"), out_std, device),
+            attention: a.mla.is_none().then(|| Attention::new(a, seed, &format!("{path}.attention"), out_std, device)),
+            mla: a.mla.as_ref().map(|m| Mla::new(a, m, seed, &format!("{path}.mla"), INIT_STD, out_std, device)),
             ffn_norm: RmsNorm::new(seed, &format!("{path}.ffn_norm"), a.dim, a.norm_eps, device),
             feed_forward: (!a.is_moe_layer(layer))
                 .then(|| FeedForward::new(a, seed, &format!("{path}.feed_forward"), out_std, device)),
@@ -138,7 +142,12 @@ impl TransformerBlock {
     }
 
     pub fn forward(&self, x: Tensor<3>, pos: &Positions, hooks: &Hooks) -> Tensor<3> {
-        let h = x.clone() + self.attention.forward(self.attention_norm.forward(x), pos, hooks);
+        let n = self.attention_norm.forward(x.clone());
+        let h = x + match (&self.attention, &self.mla) {
+            (Some(a), _) => a.forward(n, pos, hooks),
+            (None, Some(m)) => m.forward(n, pos, hooks),
+            (None, None) => unreachable!("a block has grouped-query or latent attention"),
+        };
         let n = self.ffn_norm.forward(h.clone());
         let ffn = match (&self.feed_forward, &self.moe) {
             (Some(f), _) => f.forward(n, hooks),
@@ -214,7 +223,12 @@ impl Transformer {
     /// Chooses the fused attention kernel (default) or Burn's composed ops (the reference).
     pub fn with_fused_attention(mut self, fused: bool) -> Self {
         for l in &mut self.layers {
-            l.attention.fused = fused;
+            if let Some(a) = &mut l.attention {
+                a.fused = fused;
+            }
+            if let Some(m) = &mut l.mla {
+                m.fused = fused;
+            }
         }
         self
     }
@@ -226,12 +240,16 @@ impl Transformer {
         for l in &mut self.layers {
             l.attention_norm.fused = fused;
             l.ffn_norm.fused = fused;
-            let a = &mut l.attention;
-            for linear in [&mut a.wq, &mut a.wk, &mut a.wv, &mut a.wo] {
-                linear.fused = fused;
+            if let Some(a) = &mut l.attention {
+                for linear in [&mut a.wq, &mut a.wk, &mut a.wv, &mut a.wo] {
+                    linear.fused = fused;
+                }
+                for norm in [&mut a.q_norm, &mut a.k_norm].into_iter().flatten() {
+                    norm.fused = fused;
+                }
             }
-            for norm in [&mut a.q_norm, &mut a.k_norm].into_iter().flatten() {
-                norm.fused = fused;
+            if let Some(m) = &mut l.mla {
+                m.set_fused(fused);
             }
             if let Some(f) = &mut l.feed_forward {
                 f.fused = fused;
@@ -412,6 +430,10 @@ pub fn logical_axes(path: &str) -> Option<Vec<LogicalAxis>> {
         "w2" => vec![Mlp, Embed],
         "norm" | "attention_norm" | "ffn_norm" => vec![Embed],
         "q_norm" | "k_norm" => vec![HeadDim],
+        // Latent attention: the low-rank path is replicated, its outputs split by heads.
+        "wq_a" | "wkv_a" => vec![Embed, Latent],
+        "q_a_norm" | "kv_a_norm" => vec![Latent],
+        "wq_b" | "wkv_b" => vec![Latent, Heads],
         _ => return None,
     })
 }

@@ -112,15 +112,35 @@ fn rope(c: &Config) -> Result<(f64, Option<RopeScaling>), String> {
     let rope_type = rope.get("rope_type").or_else(|| rope.get("type")).and_then(Value::as_str).unwrap_or("default");
     let scaling = match rope_type {
         "default" => None,
-        "llama3" => Some(RopeScaling {
+        "llama3" => Some(RopeScaling::Llama3 {
             factor: need(&rope, "factor")?,
             low_freq_factor: need(&rope, "low_freq_factor")?,
             high_freq_factor: need(&rope, "high_freq_factor")?,
             original_max_position_embeddings: need(&rope, "original_max_position_embeddings")?,
         }),
+        "yarn" => {
+            let factor = need(&rope, "factor")?;
+            // transformers: given, else mscale / mscale_all_dim when both are set, else from the factor.
+            let attention_factor =
+                match (num(&rope, "attention_factor")?, num(&rope, "mscale")?, num(&rope, "mscale_all_dim")?) {
+                    (Some(a), _, _) => a,
+                    (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                        RopeScaling::yarn_mscale(factor, m) / RopeScaling::yarn_mscale(factor, all)
+                    }
+                    _ => RopeScaling::yarn_mscale(factor, 1.0),
+                };
+            Some(RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: need(&rope, "original_max_position_embeddings")?,
+                beta_fast: num(&rope, "beta_fast")?.filter(|b| *b != 0.0).unwrap_or(32.0),
+                beta_slow: num(&rope, "beta_slow")?.filter(|b| *b != 0.0).unwrap_or(1.0),
+                truncate: rope.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+                attention_factor,
+            })
+        }
         other => {
             return Err(format!(
-                "`rope_type` = {other:?} is not supported; titan-rs implements \"default\" and \"llama3\""
+                "`rope_type` = {other:?} is not supported; titan-rs implements \"default\", \"llama3\" and \"yarn\""
             ))
         }
     };
@@ -140,13 +160,11 @@ pub fn decoder_config(
     let mut rope = serde_json::json!({ "rope_type": "default", "rope_theta": a.rope_theta });
     let mut scaling = Value::Null;
     if let Some(s) = &a.rope_scaling {
-        let r = serde_json::json!({
-            "rope_type": "llama3",
-            "factor": s.factor,
-            "low_freq_factor": s.low_freq_factor,
-            "high_freq_factor": s.high_freq_factor,
-            "original_max_position_embeddings": s.original_max_position_embeddings as u64,
-        });
+        // The enum serialises as transformers names the fields (`rope_type` its tag).
+        let mut r = serde_json::to_value(s).expect("rope scaling as JSON");
+        let (RopeScaling::Llama3 { original_max_position_embeddings: old, .. }
+        | RopeScaling::Yarn { original_max_position_embeddings: old, .. }) = s;
+        r["original_max_position_embeddings"] = (*old as u64).into();
         scaling = r.clone();
         rope = r;
         rope["rope_theta"] = a.rope_theta.into();

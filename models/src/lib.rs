@@ -1,4 +1,4 @@
-//! The model families of titan-rs (one folder each: `llama3/`, `qwen3/`, found through
+//! The model families of titan-rs (one folder each: `llama3/`, `qwen3/`, `deepseek_v3/`, found through
 //! [`registry`]) on one decoder-only transformer ([`decoder`]).
 //!
 //! The model holds no communication code. Every parameter declares its *logical axes*
@@ -8,19 +8,21 @@ pub mod args;
 pub mod axes;
 pub mod checkpoint;
 pub mod decoder;
+pub mod deepseek_v3;
 pub mod hf_config;
 pub mod hooks;
 pub mod init;
 pub mod layers;
 pub mod llama3;
 pub mod loss;
+pub mod mla;
 pub mod moe;
 pub mod positions;
 pub mod qwen3;
 pub mod registry;
 pub mod rope;
 
-pub use args::{ModelArgs, MoeArgs, ScoreFunc};
+pub use args::{MlaArgs, ModelArgs, MoeArgs, ScoreFunc};
 pub use axes::{LogicalAxis, ParamSpec};
 pub use checkpoint::{Checkpointing, Tape};
 pub use decoder::Transformer;

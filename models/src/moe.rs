@@ -156,15 +156,23 @@ impl MoE {
         let device = flat.device();
         let scores = self.cfg.score_func.apply(self.router.gate.forward(flat.clone()).cast(FloatDType::F32));
         let bias = host(self.expert_bias.val());
-        let route = Routing::choose(&host(scores.clone()), &bias, e, k);
+        let groups = (self.cfg.n_group, self.cfg.topk_group);
+        let route = Routing::choose_grouped(&host(scores.clone()), &bias, e, k, groups);
         let training = device.is_autodiff();
         let aux = (training && self.cfg.aux_loss_alpha > 0.0).then(|| self.balance_loss(scores.clone(), &route, b, t));
         if training {
             // Training passes only (a checkpointed block counts in its recomputation).
-            let value = aux.as_ref().map_or(0.0, |(l, scale)| titan_kernels::transfer::scalar(l.clone().reshape([1])) as f64 * scale);
+            let value = aux
+                .as_ref()
+                .map_or(0.0, |(l, scale)| titan_kernels::transfer::scalar(l.clone().reshape([1])) as f64 * scale);
             self.load.add(&route.counts, value);
         }
-        let ints = |v: &[usize]| titan_kernels::transfer::to_device::<1, Int>(TensorData::new(v.iter().map(|&i| i as i64).collect(), [v.len()]), &device);
+        let ints = |v: &[usize]| {
+            titan_kernels::transfer::to_device::<1, Int>(
+                TensorData::new(v.iter().map(|&i| i as i64).collect(), [v.len()]),
+                &device,
+            )
+        };
         let chosen = ints(&route.experts).reshape([n, k]);
         let mut weights = scores.gather(1, chosen);
         if self.cfg.route_norm {
@@ -274,13 +282,52 @@ impl Routing {
     /// Top-`k` of `scores + bias` per token (`scores: [tokens, e]` row-major); ties go to the
     /// lower expert index, so every rank and layout chooses the same.
     pub fn choose(scores: &[f32], bias: &[f32], e: usize, k: usize) -> Self {
+        Self::choose_grouped(scores, bias, e, k, (1, 1))
+    }
+
+    /// [`Self::choose`] limited to groups (DeepSeek-V3, as transformers routes): the experts
+    /// form `n_group` consecutive groups, each scored by the sum of its two best `score + bias`;
+    /// a token's `k` experts come from the `topk_group` best groups (ties to the lower index).
+    pub fn choose_grouped(
+        scores: &[f32],
+        bias: &[f32],
+        e: usize,
+        k: usize,
+        (n_group, topk_group): (usize, usize),
+    ) -> Self {
         let n = scores.len() / e;
+        let per_group = e / n_group;
         let mut experts = Vec::with_capacity(n * k);
         let mut counts = vec![0usize; e];
         let mut idx: Vec<usize> = (0..e).collect();
+        let mut groups: Vec<usize> = (0..n_group).collect();
+        let mut allowed = vec![true; e];
         for row in scores.chunks(e) {
             let key = |j: usize| row[j] + bias[j];
-            idx.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
+            if n_group > 1 {
+                let best_two = |g: usize| {
+                    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+                    for s in (g * per_group..(g + 1) * per_group).map(key) {
+                        if s > a {
+                            (a, b) = (s, a);
+                        } else if s > b {
+                            b = s;
+                        }
+                    }
+                    if per_group > 1 {
+                        a + b
+                    } else {
+                        a
+                    }
+                };
+                let score: Vec<f32> = (0..n_group).map(best_two).collect();
+                groups.sort_by(|&a, &b| score[b].total_cmp(&score[a]).then(a.cmp(&b)));
+                allowed.fill(false);
+                for &g in &groups[..topk_group] {
+                    allowed[g * per_group..(g + 1) * per_group].fill(true);
+                }
+            }
+            idx.sort_by(|&a, &b| allowed[b].cmp(&allowed[a]).then(key(b).total_cmp(&key(a))).then(a.cmp(&b)));
             for &j in &idx[..k] {
                 experts.push(j);
                 counts[j] += 1;
@@ -307,7 +354,15 @@ impl Routing {
 /// mean of the step so the biases do not drift together).
 pub fn bias_update(bias: &[f32], load: &[u64], coeff: f64) -> Vec<f32> {
     let mean = load.iter().sum::<u64>() as f64 / load.len().max(1) as f64;
-    let sign = |x: f64| if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { 0.0 };
+    let sign = |x: f64| {
+        if x > 0.0 {
+            1.0
+        } else if x < 0.0 {
+            -1.0
+        } else {
+            0.0
+        }
+    };
     let step: Vec<f64> = load.iter().map(|&l| coeff * sign(mean - l as f64)).collect();
     let centre = step.iter().sum::<f64>() / step.len().max(1) as f64;
     bias.iter().zip(step).map(|(&b, s)| (b as f64 + s - centre) as f32).collect()

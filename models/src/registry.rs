@@ -15,6 +15,9 @@ use serde_json::Value;
 pub enum HfTensor {
     /// One tensor; `transposed`: HF stores the matrix `[out, in]`, titan-rs `[in, out]`.
     One { name: String, transposed: bool },
+    /// A matrix HF stores `[out, in]` with its outputs in another order: titan-rs output `j` is
+    /// HF row `perm[j]` (DeepSeek's interleaved RoPE rows).
+    Permuted { name: String, perm: Vec<usize> },
     /// Stacked routed experts `[E, in, out]`: one HF matrix `[out, in]` per expert.
     PerExpert { names: Vec<String> },
     /// Not in the HF format (the MoE balancing bias): zeros when read, must be zero when written.
@@ -42,7 +45,7 @@ pub struct Family {
 }
 
 /// Every family, by `model.name`.
-pub const FAMILIES: &[&Family] = &[&crate::llama3::FAMILY, &crate::qwen3::FAMILY];
+pub const FAMILIES: &[&Family] = &[&crate::llama3::FAMILY, &crate::qwen3::FAMILY, &crate::deepseek_v3::FAMILY];
 
 /// The family called `name` (`model.name`).
 pub fn family(name: &str) -> Option<&'static Family> {
@@ -103,7 +106,7 @@ mod tests {
             }
             assert!((f.flavor)("9T").is_none());
         }
-        assert_eq!(names(), ["llama3", "qwen3"]);
+        assert_eq!(names(), ["llama3", "qwen3", "deepseek_v3"]);
     }
 
     #[test]

@@ -19,11 +19,13 @@ fn lazily_built_models_have_the_analytic_parameter_count() {
             let specs = m.param_specs();
             // Dense blocks: 2 norms, 4 attention, 3 FFN weights; MoE blocks: router, 3 stacked
             // expert weights, the balancing bias, and 3 shared-expert weights (if any) instead
-            // of the FFN; QK-norm: 2 more per block.
+            // of the FFN; QK-norm: 2 more per block; latent attention: wq (or wq_a, q_a_norm,
+            // wq_b), wkv_a, kv_a_norm, wkv_b, wo instead of the 4.
             let moe = 5 + if args.moe.as_ref().is_some_and(|m| m.num_shared_experts > 0) { 3 } else { 0 };
             let qk = if args.qk_norm { 2 } else { 0 };
+            let attn = args.mla.as_ref().map_or(4, |m| if m.q_lora_rank > 0 { 7 } else { 5 });
             let per_block: usize =
-                (0..args.n_layers).map(|l| qk + if args.is_moe_layer(l) { 6 + moe } else { 9 }).sum();
+                (0..args.n_layers).map(|l| qk + attn + 2 + if args.is_moe_layer(l) { moe } else { 3 }).sum();
             assert_eq!(specs.len(), 2 + per_block + usize::from(!args.tie_word_embeddings), "{}/{f}", family.name);
         }
     }
@@ -37,6 +39,8 @@ fn every_parameter_declares_axes_matching_its_shape() {
         let moe = args.moe.clone().unwrap_or(MoeArgs {
             num_experts: 0,
             top_k: 0,
+            n_group: 1,
+            topk_group: 1,
             hidden_dim: 0,
             num_shared_experts: 0,
             n_dense_layers: 0,
@@ -52,10 +56,27 @@ fn every_parameter_declares_axes_matching_its_shape() {
                 let expect = match axis {
                     LogicalAxis::Vocab => args.vocab_size,
                     LogicalAxis::Embed => args.dim,
+                    LogicalAxis::Heads if args.mla.is_some() => {
+                        let m = args.mla.as_ref().unwrap();
+                        args.n_heads
+                            * match s.path.rsplit('.').nth(1).unwrap() {
+                                "wkv_b" => m.qk_nope_head_dim + m.v_head_dim,
+                                "wo" => m.v_head_dim,
+                                _ => m.qk_head_dim(),
+                            }
+                    }
                     LogicalAxis::Heads => args.n_heads * args.head_dim(),
                     LogicalAxis::KvHeads => args.n_kv_heads * args.head_dim(),
                     LogicalAxis::Mlp => args.ffn_hidden_dim(),
                     LogicalAxis::HeadDim => args.head_dim(),
+                    LogicalAxis::Latent => {
+                        let m = args.mla.as_ref().unwrap();
+                        match s.path.rsplit('.').nth(1).unwrap() {
+                            "wq_a" | "q_a_norm" | "wq_b" => m.q_lora_rank,
+                            "wkv_a" => m.kv_lora_rank + m.qk_rope_head_dim,
+                            _ => m.kv_lora_rank,
+                        }
+                    }
                     LogicalAxis::Experts => moe.num_experts,
                     LogicalAxis::ExpertMlp if s.path.contains("shared") => moe.hidden_dim * moe.num_shared_experts,
                     LogicalAxis::ExpertMlp => moe.hidden_dim,
@@ -138,7 +159,7 @@ fn gqa_and_mha_both_run_and_get_gradients() {
     let x = tokens(2, 9, args.vocab_size, &dev);
     let loss = loss::cross_entropy_sum(m.forward(x.clone().slice([0..2, 0..8])), x.slice([0..2, 1..9]));
     let grads = loss.backward();
-    let g = m.layers[0].attention.wk.weight.grad(&grads).expect("wk has a gradient");
+    let g = m.layers[0].attention.as_ref().unwrap().wk.weight.grad(&grads).expect("wk has a gradient");
     assert_eq!(g.dims(), [64, 32]);
     let gn: f32 = g.square().sum().into_scalar();
     assert!(gn > 0.0 && gn.is_finite());
@@ -155,7 +176,8 @@ fn fused_and_reference_attention_train_the_same() {
         let loss = loss::cross_entropy_sum(m.forward(x.clone().slice([0..2, 0..16])), x.clone().slice([0..2, 1..17]));
         let l: f32 = loss.clone().into_scalar();
         let g = loss.backward();
-        let gq: Vec<f32> = m.layers[1].attention.wq.weight.grad(&g).unwrap().into_data().try_to_vec().unwrap();
+        let gq: Vec<f32> =
+            m.layers[1].attention.as_ref().unwrap().wq.weight.grad(&g).unwrap().into_data().try_to_vec().unwrap();
         (l, gq)
     };
     let ((lf, gf), (lr, gr)) = (run(true), run(false));
@@ -319,4 +341,21 @@ fn balancing_bias_moves_a_skewed_router_toward_balance() {
     assert!(before > 3.5 && after < 1.25, "imbalance {before:.2} → {after:.2}");
     assert!(bias.iter().sum::<f32>().abs() < 1e-4, "the bias steps are centred: {bias:?}");
     assert_eq!(bias_update(&[0.1, -0.1], &[5, 5], 1e-3), vec![0.1, -0.1]);
+}
+
+/// Group-limited routing: 8 experts in 4 groups of 2, the best 2 groups by the sum of their two
+/// scores; the top 2 experts come from those groups only, even when a single higher score sits
+/// elsewhere. Without the limit the same scores choose that expert.
+#[test]
+fn group_limited_routing_chooses_within_the_best_groups() {
+    use crate::moe::Routing;
+    // Groups: {0,1} 0.9+0.0, {2,3} 0.5+0.5, {4,5} 0.46+0.46, {6,7} 0.1+0.1.
+    let scores = [0.9, 0.0, 0.5, 0.5, 0.46, 0.46, 0.1, 0.1];
+    let zero = [0.0; 8];
+    assert_eq!(Routing::choose_grouped(&scores, &zero, 8, 2, (4, 2)).experts, vec![2, 3]);
+    assert_eq!(Routing::choose(&scores, &zero, 8, 2).experts, vec![0, 2]);
+    // The bias joins the group scores: +0.2 on expert 1 lifts group {0,1} to 1.1.
+    let bias = [0.0, 0.2, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+    assert_eq!(Routing::choose_grouped(&scores, &bias, 8, 2, (4, 2)).experts, vec![0, 2]);
+    assert_eq!(Routing::choose_grouped(&scores, &bias, 8, 2, (4, 1)).experts, vec![0, 1]);
 }

@@ -88,6 +88,7 @@ pub fn to_hf_config(a: &ModelArgs, max_position_embeddings: usize, dtype: &str) 
 mod tests {
     use crate::hf_config::{from_hf_config, to_hf_config};
     use crate::registry::HfTensor;
+    use crate::rope::RopeScaling;
     use serde_json::Value;
 
     const HUB: &str = r#"{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
@@ -105,8 +106,10 @@ mod tests {
         assert!(a.tie_word_embeddings);
         // Meta's published count for Llama-3.2 1B (tied): 1 235 814 400.
         assert_eq!(a.num_params(), 1_235_814_400);
-        let s = a.rope_scaling.unwrap();
-        assert_eq!((s.factor, s.original_max_position_embeddings, a.rope_theta), (32.0, 8192.0, 500000.0));
+        let Some(RopeScaling::Llama3 { factor, original_max_position_embeddings, .. }) = a.rope_scaling else {
+            panic!("{:?}", a.rope_scaling)
+        };
+        assert_eq!((factor, original_max_position_embeddings, a.rope_theta), (32.0, 8192.0, 500000.0));
         let v5 = to_hf_config(&a, 131072, "bfloat16").to_string();
         assert_eq!(from_hf_config(&v5).unwrap(), a);
         // transformers 5 only: `rope_parameters`, no top-level fields.
@@ -133,7 +136,7 @@ mod tests {
         assert!(arch.contains("MistralForCausalLM") && arch.contains("Qwen3ForCausalLM"), "{arch}");
         assert!(with("attention_bias", "true").contains("`attention_bias` = true"));
         assert!(with("sliding_window", "4096").contains("`sliding_window` = 4096"));
-        assert!(with("rope_scaling", r#"{"rope_type": "yarn", "factor": 4.0}"#).contains("\"yarn\""));
+        assert!(with("rope_scaling", r#"{"rope_type": "longrope", "factor": 4.0}"#).contains("\"longrope\""));
         assert!(with("num_experts", "8").contains("`num_experts`"));
         assert!(with("hidden_act", r#""gelu""#).contains("`hidden_act` = \"gelu\""));
         let mut x: Value = serde_json::from_str(HUB).unwrap();

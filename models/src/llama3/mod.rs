@@ -55,6 +55,8 @@ pub fn flavor(name: &str) -> Option<ModelArgs> {
         "moe_debug" => base(256, 3, 16, 16, 2048).with_moe(MoeArgs {
             num_experts: 8,
             top_k: 3,
+            n_group: 1,
+            topk_group: 1,
             hidden_dim: 256,
             num_shared_experts: 2,
             n_dense_layers: 1,
@@ -67,6 +69,8 @@ pub fn flavor(name: &str) -> Option<ModelArgs> {
         "moe_1B" => base(1024, 12, 16, 8, 2048).with_moe(MoeArgs {
             num_experts: 32,
             top_k: 7,
+            n_group: 1,
+            topk_group: 1,
             hidden_dim: 832,
             num_shared_experts: 2,
             n_dense_layers: 1,

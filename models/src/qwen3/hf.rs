@@ -98,6 +98,8 @@ pub fn from_hf_config(c: &Config) -> Result<ModelArgs, String> {
     Ok(a.with_moe(MoeArgs {
         num_experts: experts,
         top_k: count(c, "num_experts_per_tok")?,
+        n_group: 1,
+        topk_group: 1,
         hidden_dim: count(c, "moe_intermediate_size")?,
         num_shared_experts: 0,
         n_dense_layers: dense.len(),
@@ -183,7 +185,7 @@ mod tests {
         assert!(with(QWEN3_06B, "use_sliding_window", "true").contains("`use_sliding_window` = true"));
         assert!(with(QWEN3_06B, "attention_bias", "true").contains("`attention_bias` = true"));
         assert!(with(QWEN3_06B, "layer_types", r#"["sliding_attention"]"#).contains("`layer_types`"));
-        assert!(with(QWEN3_06B, "rope_scaling", r#"{"rope_type": "yarn", "factor": 4.0}"#).contains("\"yarn\""));
+        assert!(with(QWEN3_06B, "rope_scaling", r#"{"rope_type": "dynamic", "factor": 4.0}"#).contains("\"dynamic\""));
         assert!(with(QWEN3_30B_A3B, "decoder_sparse_step", "2").contains("`decoder_sparse_step` = 2"));
         assert!(with(QWEN3_30B_A3B, "mlp_only_layers", "[3]").contains("`mlp_only_layers` = [3]"));
         assert!(

@@ -72,6 +72,8 @@ fn moe(a: ModelArgs, experts: usize, top_k: usize, hidden: usize) -> ModelArgs {
     a.with_moe(MoeArgs {
         num_experts: experts,
         top_k,
+        n_group: 1,
+        topk_group: 1,
         hidden_dim: hidden,
         num_shared_experts: 0,
         n_dense_layers: 0,

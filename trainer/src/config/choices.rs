@@ -38,7 +38,7 @@ macro_rules! choice {
 
 choice!(
     /// `model.name`: the model family (`titan_models::registry`).
-    ModelName { Llama3 = "llama3", Qwen3 = "qwen3" }
+    ModelName { Llama3 = "llama3", Qwen3 = "qwen3", DeepseekV3 = "deepseek_v3" }
 );
 
 choice!(

@@ -68,6 +68,22 @@ pub fn export(src: &dyn TensorSource, args: &ModelArgs, out: &Path, o: &ExportOp
                 });
                 tensors.push(LazyTensor { name, dtype, shape: hf_shape, bytes });
             }
+            // Rows in the HF order: HF row `perm[j]` is titan-rs output `j`.
+            HfTensor::Permuted { name, perm } => {
+                let (i, o) = (shape[0], shape[1]);
+                let full = Region::full(&shape);
+                let bytes = Box::new(move || {
+                    let v = src.read(&key, &full)?;
+                    let mut hf = vec![0f32; i * o];
+                    for (j, &r) in perm.iter().enumerate() {
+                        for k in 0..i {
+                            hf[r * i + k] = v[k * o + j];
+                        }
+                    }
+                    Ok(encode(&hf, dtype))
+                });
+                tensors.push(LazyTensor { name, dtype, shape: vec![o, i], bytes });
+            }
             // One `[out, in]` matrix per expert of the stacked `[E, in, out]`.
             HfTensor::PerExpert { names } => {
                 let [_, i, o] = shape[..] else {

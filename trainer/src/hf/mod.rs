@@ -28,6 +28,8 @@ pub fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 enum Entry {
     /// An HF tensor, maybe transposed.
     One { name: String, transposed: bool },
+    /// An `[out, in]` matrix whose rows are taken in `perm` order.
+    Permuted { name: String, perm: Vec<usize> },
     /// Stacked experts `[E, in, out]` from one `[out, in]` matrix per expert.
     PerExpert { names: Vec<String> },
     /// Not in the HF format: zeros of this shape.
@@ -68,11 +70,12 @@ impl HfSource {
                 Some(HfTensor::PerExpert { names }) if names.iter().all(|n| hf.contains_key(n)) => {
                     Entry::PerExpert { names }
                 }
+                Some(HfTensor::Permuted { name, perm }) if hf.contains_key(&name) => Entry::Permuted { name, perm },
                 Some(HfTensor::Absent) => Entry::Zeros(shape),
                 _ => continue, // not in the folder: the loader names it as missing
             };
             match &entry {
-                Entry::One { name, .. } => {
+                Entry::One { name, .. } | Entry::Permuted { name, .. } => {
                     used.insert(name.clone());
                 }
                 Entry::PerExpert { names } => used.extend(names.iter().cloned()),
@@ -105,6 +108,10 @@ impl TensorSource for HfSource {
                 }
                 Some(s)
             }
+            Entry::Permuted { name, .. } => {
+                let s = self.inner.shape(name)?;
+                (s.len() == 2).then(|| vec![s[1], s[0]])
+            }
             Entry::PerExpert { names } => {
                 let s = self.inner.shape(&names[0])?;
                 (s.len() == 2).then(|| vec![names.len(), s[1], s[0]])
@@ -132,6 +139,21 @@ impl TensorSource for HfSource {
                 let mut out = Vec::with_capacity(region.numel());
                 for name in &names[e0..e0 + ne] {
                     out.extend(transpose(&self.inner.read(name, &r)?, r.lengths[0], r.lengths[1]));
+                }
+                Ok(out)
+            }
+            Some(Entry::Permuted { name, perm }) => {
+                // The HF rows of the requested outputs (one block of rows around them), picked.
+                let (i0, ni, o0, no) = (region.offsets[0], region.lengths[0], region.offsets[1], region.lengths[1]);
+                let rows = &perm[o0..o0 + no];
+                let lo = rows.iter().copied().min().unwrap_or(0);
+                let hi = rows.iter().copied().max().map_or(0, |m| m + 1);
+                let data = self.inner.read(name, &Region { offsets: vec![lo, i0], lengths: vec![hi - lo, ni] })?;
+                let mut out = vec![0f32; ni * no];
+                for (j, &r) in rows.iter().enumerate() {
+                    for i in 0..ni {
+                        out[i * no + j] = data[(r - lo) * ni + i];
+                    }
                 }
                 Ok(out)
             }

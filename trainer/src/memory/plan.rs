@@ -92,11 +92,13 @@ struct Widths {
 
 impl Widths {
     fn new(a: &ModelArgs, tp: u64, sp: bool) -> Self {
-        let hd = a.head_dim() as u64;
+        // Latent attention: every head's query and key are qk wide, its value padded to them.
+        let hd = a.mla.as_ref().map_or(a.head_dim(), |m| m.qk_head_dim().max(m.v_head_dim)) as u64;
+        let kv_heads = if a.mla.is_some() { a.n_heads } else { a.n_kv_heads } as u64;
         Self {
             d: a.dim as u64,
             q: a.n_heads as u64 / tp * hd,
-            kv: (a.n_kv_heads as u64 / tp).max(1) * hd,
+            kv: (kv_heads / tp).max(1) * hd,
             f: (a.ffn_hidden_dim() as u64).div_ceil(tp),
             heads: a.n_heads as u64 / tp,
             qk_norm: if a.qk_norm { (a.n_heads as u64 / tp + (a.n_kv_heads as u64 / tp).max(1)) * hd } else { 0 },

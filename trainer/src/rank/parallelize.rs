@@ -42,10 +42,12 @@ pub fn ep_split_dim(path: &str) -> Option<usize> {
 }
 
 /// Whether a parameter's gradient is partial per TP rank whatever sequence parallelism does:
-/// a mixture-of-experts FFN's (run on this rank's tokens only), and the QK-norm weights (each
-/// rank applies them to its own heads).
+/// a mixture-of-experts FFN's (run on this rank's tokens only), the QK-norm weights (each
+/// rank applies them to its own heads) and latent attention's replicated low-rank path (read
+/// by this rank's heads only).
 fn tp_partial(path: &str) -> bool {
-    path.contains(".moe.") || logical_axes(path).is_some_and(|a| a == [LogicalAxis::HeadDim])
+    path.contains(".moe.")
+        || logical_axes(path).is_some_and(|a| a == [LogicalAxis::HeadDim] || a.contains(&LogicalAxis::Latent))
 }
 
 /// What expert parallelism did: the routed experts' split dimension (0), by parameter path.
