@@ -23,6 +23,8 @@ import torch
 from safetensors.torch import save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from family_fixtures import randomise
+
 OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "hf")
 
 
@@ -48,12 +50,7 @@ def make(name, tied, dtype, shard):
         },
     )
     model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():  # larger than the default init, so the outputs differ a lot
-            p.normal_(0.0, 0.08)
-        for n, p in model.named_parameters():
-            if "norm" in n:
-                p.add_(1.0)
+    randomise(model)
     model = model.to(dtype)
     d = os.path.join(OUT, name)
     os.makedirs(d, exist_ok=True)

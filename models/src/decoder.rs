@@ -1,6 +1,6 @@
 //! The decoder every family shares: embedding → N × (attention + SwiGLU FFN or MoE, pre-norm)
 //! → norm → output head. What differs between families is a field of [`ModelArgs`]: the head
-//! width, Qwen3's per-head QK-norm, the experts.
+//! width, Qwen3's per-head QK-norm, DeepSeek's latent attention ([`crate::mla`]), the experts.
 //!
 //! Plain model code, no communication. Parameter paths follow TorchTitan
 //! (`tok_embeddings.weight`, `layers.3.attention.wq.weight`, `norm.weight`, `output.weight`).
