@@ -59,7 +59,8 @@ fn planned_gib(flags: &[&str]) -> f64 {
 
 /// The plan against real runs on this machine: debugmodel and `small` at seq_len 1024 (2
 /// sequences per step) on 1 rank, FSDP 2, TP 2, PP 2 under GPipe and 1F1B, with activation
-/// checkpointing none and full. Measured: the training process's peak resident memory
+/// checkpointing none and full; the other families' debug models (Qwen3 with QK-norm, Qwen3-MoE,
+/// DeepSeek-V3's latent attention and MoE) on 1 rank, AC none and full. Measured: the training process's peak resident memory
 /// (`VmHWM`, `peak_memory_gib` in metrics.jsonl, over 2 steps) minus its resident memory before
 /// any rank built its model (`runtime_memory_gib`); planned: the sum of every thread rank's
 /// planned peak. Each within ±20 %.
@@ -74,25 +75,28 @@ fn memory_plan_matches_the_measured_peak_within_20_percent() {
     ];
     let mut report = Vec::new();
     let mut worst: f64 = 0.0;
-    for flavor in ["debugmodel", "small"] {
-        for layout in layouts {
-            for ac in ["none", "full"] {
-                let shape = format!(
-                    "--model.flavor {flavor} --training.seq_len 1024 --training.local_batch_size 2 --activation_checkpoint.mode {ac} {layout}"
-                );
-                let flags: Vec<&str> = shape.split_whitespace().collect();
-                let planned = planned_gib(&flags);
-                let d = tempfile::tempdir().unwrap();
-                assert_ok(&run(&tiny_args(d.path(), 2), &flags));
-                let body = std::fs::read_to_string(d.path().join("metrics.jsonl")).unwrap();
-                let lines: Vec<serde_json::Value> =
-                    body.lines().map(|l| serde_json::from_str(l).unwrap()).filter(|v: &serde_json::Value| v.get("loss").is_some()).collect();
-                let peak = lines.iter().map(|v| v["peak_memory_gib"].as_f64().unwrap()).fold(0.0, f64::max);
-                let measured = peak - lines[0]["runtime_memory_gib"].as_f64().unwrap();
-                let ratio = planned / measured;
-                worst = worst.max((ratio - 1.0).abs());
-                report.push(format!("{flavor} {ac} [{layout}]: planned {planned:.3} GiB, measured {measured:.3} GiB, ratio {ratio:.2}"));
-            }
+    let families = [("qwen3", "debugmodel"), ("qwen3", "debugmodel_moe"), ("deepseek_v3", "debugmodel")];
+    let runs = ["debugmodel", "small"]
+        .into_iter()
+        .flat_map(|f| layouts.iter().map(move |l| ("llama3", f, *l)))
+        .chain(families.into_iter().map(|(family, f)| (family, f, "")));
+    for (family, flavor, layout) in runs {
+        for ac in ["none", "full"] {
+            let shape = format!(
+                "--model.name {family} --model.flavor {flavor} --training.seq_len 1024 --training.local_batch_size 2 --activation_checkpoint.mode {ac} {layout}"
+            );
+            let flags: Vec<&str> = shape.split_whitespace().collect();
+            let planned = planned_gib(&flags);
+            let d = tempfile::tempdir().unwrap();
+            assert_ok(&run(&tiny_args(d.path(), 2), &flags));
+            let body = std::fs::read_to_string(d.path().join("metrics.jsonl")).unwrap();
+            let lines: Vec<serde_json::Value> =
+                body.lines().map(|l| serde_json::from_str(l).unwrap()).filter(|v: &serde_json::Value| v.get("loss").is_some()).collect();
+            let peak = lines.iter().map(|v| v["peak_memory_gib"].as_f64().unwrap()).fold(0.0, f64::max);
+            let measured = peak - lines[0]["runtime_memory_gib"].as_f64().unwrap();
+            let ratio = planned / measured;
+            worst = worst.max((ratio - 1.0).abs());
+            report.push(format!("{family}/{flavor} {ac} [{layout}]: planned {planned:.3} GiB, measured {measured:.3} GiB, ratio {ratio:.2}"));
         }
     }
     let report = report.join("\n");
