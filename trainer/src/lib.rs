@@ -6,7 +6,7 @@
 //! * [`rank`]: this rank's mesh place and model stages, the parallelisms applied to them, the
 //!   pipeline runner, parameters ↔ host tensors, gradients.
 //! * [`optim`] (AdamW, LR schedule, MoE bias step), [`memory`] (the plan, the fit check and the
-//!   model × mesh checks), [`hf`] (Hugging Face `LlamaForCausalLM` weights in and out),
+//!   model × mesh checks), [`hf`] (Hugging Face weights of every family in and out),
 //!   [`metrics`] (step statistics, console, `metrics.jsonl`, MFU peak, TensorBoard, plots, traces),
 //!   [`checkpoint`] (the `Checkpointer`: sharded save, async writer, resharding resume).
 //! * [`train`]: the loop, top to bottom, one rank's `Trainer`, and `--max-restarts`.

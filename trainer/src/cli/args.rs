@@ -80,7 +80,7 @@ pub(crate) enum Command {
         #[arg(long, default_value_t = 256)]
         context: usize,
     },
-    /// Conversion between Hugging Face `LlamaForCausalLM` folders and titan-rs checkpoints.
+    /// Conversion between Hugging Face model folders (Llama, Qwen3, Qwen3-MoE, DeepSeek-V3) and titan-rs checkpoints.
     Convert {
         #[command(subcommand)]
         command: ConvertCommand,

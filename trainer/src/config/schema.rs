@@ -43,9 +43,9 @@ section!(Job {
 
 section!(Model {
     name: ModelName = ModelName::Llama3,
-    /// tiny | debugmodel | small | 1B | 3B | 8B | 70B | 405B | moe_debug | moe_1B (mixture of
-    /// experts) | hf (the shape from `hf_assets_path`/config.json, a Hugging Face
-    /// `LlamaForCausalLM`)
+    /// A flavor of the `name` family (llama3: tiny | debugmodel | small | 1B | 3B | 8B | 70B | 405B |
+    /// moe_debug | moe_1B; qwen3 and deepseek_v3: see the README) | hf (the shape from
+    /// `hf_assets_path`/config.json, a Hugging Face model of that family)
     flavor: String = "debugmodel".into(),
     /// Folder holding `tokenizer.json` (and `config.json` for `flavor = "hf"`).
     hf_assets_path: String = "assets/tokenizer".into(),
