@@ -37,7 +37,8 @@ fn impossible_expert_parallelism_is_a_clear_error() {
     let ep = ["train", "--config", "configs/llama_debug.toml", "--parallelism.expert_parallel_degree", "2"];
     let o = titan(&[&ep[..], &["--parallelism.data_parallel_shard_degree", "2"]].concat());
     assert_clean_error(&o, &["expert_parallel_degree` = 2 needs a mixture-of-experts model"]);
-    let o = titan(&[&ep[..], &["--model.flavor", "moe_debug", "--parallelism.data_parallel_shard_degree", "3"]].concat());
+    let o =
+        titan(&[&ep[..], &["--model.flavor", "moe_debug", "--parallelism.data_parallel_shard_degree", "3"]].concat());
     assert_clean_error(&o, &["expert_parallel_degree` = 2 must divide dp_shard·cp·tp = 3"]);
 }
 
@@ -107,7 +108,10 @@ fn injected_faults_end_the_threads_run_with_the_first_error() {
     assert_clean_error(&o, &["rank 1: injected failure"]);
     let t = std::time::Instant::now();
     let o = titan(&["bench", "comm", "--nproc", "2", "--inject-fault", "hang", "--timeout-seconds", "1"]);
-    let err = assert_clean_error(&o, &["timed out", "waited 1.0s in barrier", "ranks [1] never arrived", "rank 1: no collectives"]);
+    let err = assert_clean_error(
+        &o,
+        &["timed out", "waited 1.0s in barrier", "ranks [1] never arrived", "rank 1: no collectives"],
+    );
     assert!(t.elapsed().as_secs() < 30, "{err}");
 }
 
@@ -159,8 +163,9 @@ fn bench_train_reports_throughput_and_comm_share_on_a_mesh() {
         .unwrap_or_else(|| panic!("{out}"));
     let cols: Vec<&str> = row.split('|').map(str::trim).collect();
     let tps: f64 = cols[6].parse().unwrap();
-    let comm: f64 = cols[7].trim_end_matches('%').parse().unwrap();
-    assert!(tps > 0.0 && comm > 0.0 && comm < 100.0, "{row}");
+    let shares: Vec<f64> = cols[7].split('/').map(|x| x.trim().trim_end_matches('%').parse().unwrap()).collect();
+    let (exposed, hidden) = (shares[0], shares[1]);
+    assert!(tps > 0.0 && exposed > 0.0 && exposed < 100.0 && (0.0..100.0).contains(&hidden), "{row}");
 }
 
 #[test]
@@ -182,11 +187,21 @@ fn a_model_that_cannot_fit_is_refused_before_anything_is_allocated() {
     let d = tempfile::tempdir().unwrap();
     let started = std::time::Instant::now();
     let o = run(&tiny_args(d.path(), 1), &["--model.flavor", "8B"]);
-    let err = assert_clean_error(&o, &["`model.flavor` = \"8B\" does not fit", "AdamW moments", "`training.memory_check = false`"]);
+    let err = assert_clean_error(
+        &o,
+        &["`model.flavor` = \"8B\" does not fit", "AdamW moments", "`training.memory_check = false`"],
+    );
     assert!(started.elapsed().as_secs() < 30, "took {:?}: {err}", started.elapsed());
     let plan = assert_ok(&titan(&[
-        "plan", "--config", "configs/llama_debug.toml", "--model.flavor", "8B",
-        "--parallelism.data_parallel_shard_degree", "8", "--parallelism.tensor_parallel_degree", "2",
+        "plan",
+        "--config",
+        "configs/llama_debug.toml",
+        "--model.flavor",
+        "8B",
+        "--parallelism.data_parallel_shard_degree",
+        "8",
+        "--parallelism.tensor_parallel_degree",
+        "2",
     ]));
     let line = plan.lines().find(|l| l.trim_start().starts_with("pp rank 0:")).unwrap_or_else(|| panic!("{plan}"));
     let gib: f64 = line.split_whitespace().nth(3).unwrap().parse().unwrap();
@@ -216,10 +231,22 @@ fn start_line_names_every_mesh_dimension() {
     );
     // Expert parallelism is named with the ranks it borrows.
     let e = tempfile::tempdir().unwrap();
-    let moe = ["--nproc", "2", "--model.flavor", "moe_debug", "--parallelism.data_parallel_shard_degree", "2", "--parallelism.expert_parallel_degree", "2"];
+    let moe = [
+        "--nproc",
+        "2",
+        "--model.flavor",
+        "moe_debug",
+        "--parallelism.data_parallel_shard_degree",
+        "2",
+        "--parallelism.expert_parallel_degree",
+        "2",
+    ];
     let out = assert_ok(&run(&tiny_args(e.path(), 1), &moe));
     let line = out.lines().find(|l| l.starts_with("training steps")).unwrap_or_else(|| panic!("{out}"));
-    assert!(line.contains("mesh 2 rank(s) = replicate 1 × shard 2 × cp 1 × tp 1 × pp 1 (ep 2 over shard × cp × tp)"), "{line}");
+    assert!(
+        line.contains("mesh 2 rank(s) = replicate 1 × shard 2 × cp 1 × tp 1 × pp 1 (ep 2 over shard × cp × tp)"),
+        "{line}"
+    );
 }
 
 /// A single value for a list key is a one-element list: `--debug.fail_at_steps 1` fails the

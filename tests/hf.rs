@@ -68,7 +68,9 @@ fn next_token_loss(logits: &[f32], ids: &[Vec<i64>], v: usize) -> f64 {
 fn logits_and_loss_equal_transformers() {
     use titan_rs::{config::load_config, rank::RankContext, train::trainer::Trainer};
     let d = tempfile::tempdir().unwrap();
-    for name in ["tied_bf16", "untied_sharded", "qwen3_tied_bf16", "qwen3_moe_sharded", "qwen3_yarn", "deepseek_v3_tiny"] {
+    for name in
+        ["tied_bf16", "untied_sharded", "qwen3_tied_bf16", "qwen3_moe_sharded", "qwen3_yarn", "deepseek_v3_tiny"]
+    {
         let dir = fixture(name);
         let reference: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
@@ -218,6 +220,32 @@ fn bad_hf_inputs_are_clear_errors() {
         "experts",
         &|c| c["num_experts"] = 4.into(),
         &["layers.0.moe.router.gate.weight", "[64, 8] there", "needs [64, 4]"],
+    );
+    // One expert's matrix stored with another shape (its header edited, same bytes).
+    let odd = copy_fixture("qwen3_moe_sharded", &d.path().join("odd-expert"), |_: &mut serde_json::Value| {});
+    let name = "model.layers.0.mlp.experts.1.gate_proj.weight";
+    let shard = std::fs::read_dir(&odd)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.extension().is_some_and(|e| e == "safetensors")
+                && std::fs::read(p).unwrap().windows(name.len()).any(|w| w == name.as_bytes())
+        })
+        .unwrap();
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + len]).unwrap();
+    let shape = header[name]["shape"].as_array_mut().unwrap();
+    assert_ne!(shape[0], shape[1], "a square matrix would not change");
+    shape.reverse();
+    let mut text = header.to_string().into_bytes();
+    assert!(text.len() <= len);
+    text.resize(len, b' ');
+    bytes[8..8 + len].copy_from_slice(&text);
+    std::fs::write(&shard, bytes).unwrap();
+    assert_clean_error(
+        &run_hf(&d.path().join("odd-expert-dump"), &odd, "", 1),
+        &[name, "experts.0.gate_proj.weight", "same shape"],
     );
     let tied = copy_fixture("tied_bf16", &d.path().join("tied-pp"), |_: &mut serde_json::Value| {});
     let o = run_hf(

@@ -32,6 +32,15 @@ pub fn count(c: &Config, key: &str) -> Result<usize, String> {
     Ok(x as usize)
 }
 
+/// A non-negative integer, `default` when absent.
+pub fn index_or(c: &Config, key: &str, default: usize) -> Result<usize, String> {
+    match num(c, key)? {
+        Some(x) if x < 0.0 || x.fract() != 0.0 => Err(format!("`{key}` = {x} is not a non-negative integer")),
+        Some(x) => Ok(x as usize),
+        None => Ok(default),
+    }
+}
+
 /// A positive integer, `default` when absent.
 pub fn count_or(c: &Config, key: &str, default: usize) -> Result<usize, String> {
     match num(c, key)? {

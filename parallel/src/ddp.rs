@@ -129,6 +129,8 @@ pub fn all_reduce_gradients<M: Module>(
     Ok(())
 }
 
+pub mod overlap;
+
 #[cfg(test)]
 mod tests {
     use super::buckets;

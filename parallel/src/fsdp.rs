@@ -67,6 +67,9 @@ pub struct Sharding {
     pub layouts: BTreeMap<String, ShardLayout>,
     /// The registry id of the shard group of each sharded parameter.
     pub groups: BTreeMap<String, u64>,
+    /// Each sharded parameter's key (unique in the process): what its unshard op carries, so
+    /// the overlap ([`overlap`]) can prefetch and reduce it on the communication stream.
+    pub keys: BTreeMap<String, u64>,
 }
 
 impl Sharding {
@@ -83,15 +86,19 @@ pub struct FsdpParam {
     pub rows: usize,
     /// Gathered again in backward instead of kept from forward.
     pub reshard: bool,
+    /// The parameter's key in [`Sharding::keys`].
+    pub key: u64,
 }
 
 impl Reparameterization for FsdpParam {
     const NAME: &'static str = "fsdp";
 
     fn apply<const D: usize>(&self, shard: Tensor<D>) -> Tensor<D> {
-        fsdp_unshard(shard, self.group, self.rows, self.reshard)
+        fsdp_unshard(shard, self.group, self.rows, self.reshard, self.key)
     }
 }
+
+static NEXT_KEY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 struct FullyShard<'a, F> {
     group_of: F,
@@ -112,13 +119,15 @@ impl<F: Fn(&str) -> Option<GroupHandle>> Reparameterizer for FullyShard<'_, F> {
         let layout = ShardLayout::new(rows, group.size(), group.rank());
         self.out.layouts.insert(path.to_string(), layout);
         self.out.groups.insert(path.to_string(), group.id());
+        let key = NEXT_KEY.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.out.keys.insert(path.to_string(), key);
         let sharded = param.map(|full| {
             let (device, shape) = (full.device(), full.dims().to_vec());
             let data = full.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 parameter");
             let (shard, shard_shape) = layout.shard(&data, &shape);
             leaf(Tensor::<D>::from_data(TensorData::new(shard, shard_shape), &device))
         });
-        (sharded, Some(FsdpParam { group: group.id(), rows, reshard: self.reshard }))
+        (sharded, Some(FsdpParam { group: group.id(), rows, reshard: self.reshard, key }))
     }
 }
 
@@ -154,5 +163,6 @@ pub fn fully_shard_by<M: Module>(
     (model, out)
 }
 
+pub mod overlap;
 #[cfg(test)]
 mod tests;

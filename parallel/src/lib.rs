@@ -31,6 +31,14 @@ pub mod registry;
 pub mod tp;
 
 pub use comm::{CommError, CommExt, Communicator, DType, ReduceOp};
+
+/// Marks the end of one backward pass for the overlapped collectives (FSDP's queued
+/// reduce-scatters, DDP's ready gradients): what a pass produced is summed before it joins the
+/// gradients accumulated over passes, as the trainer's accumulation does.
+pub fn seal_backward_pass() {
+    fsdp::overlap::seal_epoch();
+    ddp::overlap::seal_epoch();
+}
 pub use groups::MeshGroups;
 pub use launcher::{run_ranks, run_ranks_or_exit, under_mpi_launcher};
 pub use mesh::{Axis, Mesh, ParallelDims};

@@ -23,10 +23,13 @@ impl Trace {
             json!({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}}),
             json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": 0, "args": {"name": "main"}}),
         ];
+        if self.events.iter().any(|e| e.lane == crate::COMM_LANE) {
+            events.push(json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": crate::COMM_LANE, "args": {"name": "comm stream"}}));
+        }
         for e in &self.events {
             let args: Map<String, Value> = e.args.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
             events.push(json!({
-                "name": e.name, "cat": e.cat, "ph": "X", "pid": pid, "tid": 0,
+                "name": e.name, "cat": e.cat, "ph": "X", "pid": pid, "tid": e.lane,
                 "ts": (e.ts_us * 1000.0).round() / 1000.0, "dur": (e.dur_us * 1000.0).round() / 1000.0,
                 "args": args,
             }));

@@ -35,7 +35,13 @@ pub struct Event {
     pub ts_us: f64,
     pub dur_us: f64,
     pub args: Vec<(&'static str, Value)>,
+    /// The lane (trace thread) it is drawn on: 0 for the rank's own thread, [`COMM_LANE`] for
+    /// its background communication stream.
+    pub lane: u32,
 }
+
+/// The lane of collectives run by the rank's communication stream (overlapped with compute).
+pub const COMM_LANE: u32 = 1;
 
 struct Recorder {
     rank: usize,
@@ -88,7 +94,7 @@ pub fn finish() -> Option<Trace> {
     let mut open: Vec<_> = rec.open.drain().collect();
     open.sort_by(|a, b| a.1 .0.total_cmp(&b.1 .0));
     for (name, (ts_us, cat)) in open {
-        rec.events.push(Event { name, cat, ts_us, dur_us: end - ts_us, args: vec![("unclosed", Value::Bool(true))] });
+        rec.events.push(Event { name, cat, ts_us, dur_us: end - ts_us, args: vec![("unclosed", Value::Bool(true))], lane: 0 });
     }
     rec.events.sort_by(|a, b| a.ts_us.total_cmp(&b.ts_us));
     Some(Trace { rank: rec.rank, label: rec.label, events: rec.events })
@@ -134,9 +140,15 @@ impl Drop for Span {
     fn drop(&mut self) {
         if let Some((name, cat, ts_us, args)) = self.inner.take() {
             let dur_us = now_us() - ts_us;
-            with(|r| r.events.push(Event { name: name.into_owned(), cat, ts_us, dur_us, args }));
+            with(|r| r.events.push(Event { name: name.into_owned(), cat, ts_us, dur_us, args, lane: 0 }));
         }
     }
+}
+
+/// Adds `event`, measured elsewhere (on another thread working for this rank), to this thread's
+/// recording; nothing when not recording.
+pub fn add_event(event: Event) {
+    with(|r| r.events.push(event));
 }
 
 /// Opens the span `key` (closed by [`end`] with the same key).
@@ -149,7 +161,7 @@ pub fn end(key: &str) {
     let t = now_us();
     with(|r| {
         if let Some((ts_us, cat)) = r.open.remove(key) {
-            r.events.push(Event { name: key.to_string(), cat, ts_us, dur_us: t - ts_us, args: Vec::new() });
+            r.events.push(Event { name: key.to_string(), cat, ts_us, dur_us: t - ts_us, args: Vec::new(), lane: 0 });
         }
     });
 }

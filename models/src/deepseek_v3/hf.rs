@@ -17,7 +17,7 @@
 //! (`num_nextn_predict_layers`) are not read (as transformers) nor written.
 
 use crate::args::{MlaArgs, ModelArgs, MoeArgs, ScoreFunc};
-use crate::hf_config::{count, count_or, decoder_args, decoder_config, flag, num, refuse_flag, Config};
+use crate::hf_config::{count, count_or, decoder_args, decoder_config, flag, index_or, num, refuse_flag, Config};
 use crate::llama3::hf::{block_key, dense_tensor};
 use crate::registry::HfTensor;
 use crate::rope::RopeScaling;
@@ -128,7 +128,7 @@ pub fn from_hf_config(c: &Config) -> Result<ModelArgs, String> {
         topk_group: count_or(c, "topk_group", n_group)?,
         hidden_dim: count(c, "moe_intermediate_size")?,
         num_shared_experts: num(c, "n_shared_experts")?.map_or(Ok(0), |_| count(c, "n_shared_experts"))?,
-        n_dense_layers: num(c, "first_k_dense_replace")?.map_or(0, |x| x as usize),
+        n_dense_layers: index_or(c, "first_k_dense_replace", 0)?,
         score_func: ScoreFunc::Sigmoid,
         route_norm: flag(c, "norm_topk_prob"),
         route_scale: num(c, "routed_scaling_factor")?.unwrap_or(1.0),

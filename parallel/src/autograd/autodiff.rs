@@ -44,14 +44,35 @@ impl<B: Backend + CollectiveOps> Backward<B, 1> for CollectiveBackward {
 struct UnshardBackward;
 
 impl<B: Backend + CollectiveOps> Backward<B, 1> for UnshardBackward {
-    /// (group, rows per shard)
-    type State = (u64, usize);
+    /// (group, rows per shard, parameter key)
+    type State = (u64, usize, u64);
+
+    /// Under overlap the reduce-scatter is queued on the communication stream and its result
+    /// joins the parameter's gradient after backward (`fsdp::overlap::end_step`).
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
+        let [parent] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (group, chunk, key) = ops.state;
+        if let (Some(grad), Some(node)) = (staged::reshard_grad::<B>(grad, group, chunk, key), parent) {
+            grads.register::<B>(node.id, grad);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct GradReady;
+
+impl<B: Backend + CollectiveOps> Backward<B, 1> for GradReady {
+    /// The parameter's key.
+    type State = u64;
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
         let [parent] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
-        let (group, chunk) = ops.state;
-        let grad = staged::reshard_grad::<B>(grad, group, chunk);
+        if grad.dtype() == burn::tensor::DType::F32 {
+            let g = grad.clone();
+            crate::ddp::overlap::on_grad(ops.state, || staged::host_f32::<B>(g));
+        }
         if let Some(node) = parent {
             grads.register::<B>(node.id, grad);
         }
@@ -64,31 +85,40 @@ struct RetroUnshard<B: Backend> {
     shard: NodeId,
     group: u64,
     rows: usize,
+    key: u64,
     _b: PhantomData<B>,
 }
 
 impl<B: Backend + CollectiveOps> RetroForward for RetroUnshard<B> {
     fn forward(&self, states: &mut BackwardStates, out: NodeId) {
         let shard = states.get_state::<FloatTensor<B>>(&self.shard);
-        states.save(out, B::fsdp_unshard(shard, self.group, self.rows, false));
+        states.save(out, B::fsdp_unshard(shard, self.group, self.rows, false, self.key));
     }
 }
 
 impl<B: Backend + CollectiveOps, C: CheckpointStrategy> CollectiveOps for Autodiff<B, C> {
-    fn fsdp_unshard(x: FloatTensor<Self>, group: u64, rows: usize, reshard: bool) -> FloatTensor<Self> {
+    fn fsdp_unshard(x: FloatTensor<Self>, group: u64, rows: usize, reshard: bool, key: u64) -> FloatTensor<Self> {
         let chunk = x.shape()[0];
-        let out = B::fsdp_unshard(x.clone().into_primitive(), group, rows, false);
-        let state = (group, chunk);
+        let out = B::fsdp_unshard(x.clone().into_primitive(), group, rows, false, key);
+        let state = (group, chunk, key);
         if !reshard {
             return match UnshardBackward.prepare::<C>([x.node()]).compute_bound().stateful() {
                 OpsKind::Tracked(prep) => prep.finish(state, out),
                 OpsKind::UnTracked(prep) => prep.finish(out),
             };
         }
-        let retro = RetroUnshard::<B> { shard: x.node().id(), group, rows, _b: PhantomData };
+        let retro = RetroUnshard::<B> { shard: x.node().id(), group, rows, key, _b: PhantomData };
         let prep = UnshardBackward.prepare::<BalancedCheckpointing>([x.node()]);
         match prep.memory_bound().retro_forward(retro).parents([&x]).stateful() {
             OpsKind::Tracked(prep) => prep.finish(state, out),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        }
+    }
+
+    fn grad_ready(x: FloatTensor<Self>, key: u64) -> FloatTensor<Self> {
+        let out = B::grad_ready(x.clone().into_primitive(), key);
+        match GradReady.prepare::<C>([x.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish(key, out),
             OpsKind::UnTracked(prep) => prep.finish(out),
         }
     }

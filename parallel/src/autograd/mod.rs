@@ -46,10 +46,20 @@ pub trait CollectiveOps: Backend {
     /// FSDP's parameter read: the shards of group `group` all-gathered along dim 0 and cut to
     /// `rows`; under autodiff the gradient is zero-padded back and reduce-scattered. `reshard`:
     /// the gathered value is not kept for backward but gathered again there.
+    /// `key`: the parameter's key in [`crate::fsdp::Sharding::keys`] (the overlap's handle).
     #[fusion(default)]
-    fn fsdp_unshard(x: FloatTensor<Self>, group: u64, rows: usize, reshard: bool) -> FloatTensor<Self> {
+    fn fsdp_unshard(x: FloatTensor<Self>, group: u64, rows: usize, reshard: bool, key: u64) -> FloatTensor<Self> {
         let _ = reshard;
-        staged::unshard::<Self>(x, group, rows)
+        staged::unshard::<Self>(x, group, rows, key)
+    }
+
+    /// DDP's gradient hook on a parameter read: identity; under autodiff the gradient passing
+    /// back is also handed to `ddp::overlap` (parameter `key`), which all-reduces it as soon as
+    /// it is complete.
+    #[fusion(default)]
+    fn grad_ready(x: FloatTensor<Self>, key: u64) -> FloatTensor<Self> {
+        let _ = key;
+        x
     }
 }
 
@@ -109,10 +119,16 @@ pub fn fsdp_all_gather_on<const D: usize>(shard: Tensor<D>, group: u64) -> Tenso
     op_on(shard, Prim::AllGather, Prim::ReduceScatter, 0, group)
 }
 
+/// `x` through DDP's gradient hook for parameter `key` (see [`CollectiveOps::grad_ready`]).
+pub fn grad_ready<const D: usize>(x: Tensor<D>, key: u64) -> Tensor<D> {
+    Tensor::from_dispatch(Dispatch::grad_ready(x.into_dispatch(), key))
+}
+
 /// FSDP's parameter op on a parameter of `rows` rows sharded over `group` (see
-/// [`CollectiveOps::fsdp_unshard`]); `reshard`: gathered again in backward instead of kept.
-pub fn fsdp_unshard<const D: usize>(shard: Tensor<D>, group: u64, rows: usize, reshard: bool) -> Tensor<D> {
-    Tensor::from_dispatch(Dispatch::fsdp_unshard(shard.into_dispatch(), group, rows, reshard))
+/// [`CollectiveOps::fsdp_unshard`]); `reshard`: gathered again in backward instead of kept;
+/// `key`: its key in [`crate::fsdp::Sharding::keys`].
+pub fn fsdp_unshard<const D: usize>(shard: Tensor<D>, group: u64, rows: usize, reshard: bool, key: u64) -> Tensor<D> {
+    Tensor::from_dispatch(Dispatch::fsdp_unshard(shard.into_dispatch(), group, rows, reshard, key))
 }
 
 #[cfg(test)]

@@ -37,8 +37,12 @@ struct Slot {
 
 struct Group {
     ranks: Vec<usize>,
+    /// 0 for a group made by `sub_group`; a duplicate's own context otherwise.
+    context: u64,
     /// Next sequence number of each member (kept here so every handle of a rank shares it).
     seq: Vec<AtomicU64>,
+    /// Duplicates each member has made of this group so far.
+    duplicates: Vec<AtomicU64>,
     slots: Mutex<HashMap<u64, Slot>>,
     cv: Condvar,
 }
@@ -51,7 +55,7 @@ pub struct LocalWorld {
     watchdog: Watchdog,
     aborted: AtomicBool,
     first_error: Mutex<Option<String>>,
-    groups: Mutex<HashMap<Vec<usize>, Arc<Group>>>,
+    groups: Mutex<HashMap<(Vec<usize>, u64), Arc<Group>>>,
     mail: Mutex<HashMap<MailKey, VecDeque<(CallInfo, Vec<u8>)>>>,
     mail_cv: Condvar,
     recorder: Vec<Mutex<VecDeque<Record>>>,
@@ -82,16 +86,18 @@ impl LocalWorld {
     /// The world group's communicator for `rank`.
     pub fn communicator(self: &Arc<Self>, rank: usize) -> LocalComm {
         let ranks: Vec<usize> = (0..self.size).collect();
-        LocalComm { world: self.clone(), group: self.group(&ranks), rank }
+        LocalComm { world: self.clone(), group: self.group(&ranks, 0), rank }
     }
 
-    fn group(&self, ranks: &[usize]) -> Arc<Group> {
+    fn group(&self, ranks: &[usize], context: u64) -> Arc<Group> {
         lock(&self.groups)
-            .entry(ranks.to_vec())
+            .entry((ranks.to_vec(), context))
             .or_insert_with(|| {
                 Arc::new(Group {
                     ranks: ranks.to_vec(),
+                    context,
                     seq: ranks.iter().map(|_| AtomicU64::new(0)).collect(),
+                    duplicates: ranks.iter().map(|_| AtomicU64::new(0)).collect(),
                     slots: Mutex::new(HashMap::new()),
                     cv: Condvar::new(),
                 })
@@ -328,6 +334,15 @@ impl Communicator for LocalComm {
 
     fn sub_group(&self, global_ranks: &[usize]) -> CommResult<Box<dyn Communicator>> {
         let (ranks, rank) = exchange::sub_group_ranks(global_ranks, self.global(self.rank), self.world.size)?;
-        Ok(Box::new(LocalComm { world: self.world.clone(), group: self.world.group(&ranks), rank }))
+        Ok(Box::new(LocalComm { world: self.world.clone(), group: self.world.group(&ranks, 0), rank }))
+    }
+
+    /// The n-th duplicate a member makes of a group is the same group for every member (the
+    /// members duplicate in the same order, as with `MPI_Comm_dup`).
+    fn duplicate(&self) -> CommResult<Box<dyn Communicator>> {
+        let n = self.group.duplicates[self.rank].fetch_add(1, Ordering::SeqCst) + 1;
+        let context = self.group.context.wrapping_mul(1_000_003).wrapping_add(n);
+        let group = self.world.group(&self.group.ranks, context);
+        Ok(Box::new(LocalComm { world: self.world.clone(), group, rank: self.rank }))
     }
 }

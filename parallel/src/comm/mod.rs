@@ -9,6 +9,7 @@ mod local;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod reduce;
+pub mod stream;
 pub mod timing;
 pub mod watchdog;
 
@@ -106,6 +107,10 @@ pub trait Communicator: Send + Sync {
     /// The sub-group of the given *global* ranks (which must include this rank). Every member
     /// must ask for the same set.
     fn sub_group(&self, global_ranks: &[usize]) -> CommResult<Box<dyn Communicator>>;
+    /// The same ranks as a new, independent communicator (`MPI_Comm_dup`): its collectives are
+    /// matched only with each other, so one thread may run them while another runs this
+    /// group's. Every member must duplicate at the same point.
+    fn duplicate(&self) -> CommResult<Box<dyn Communicator>>;
 }
 
 /// Element types a communicator carries.

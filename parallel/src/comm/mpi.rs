@@ -14,7 +14,7 @@
 use super::exchange::{self, Exchange};
 use super::watchdog::{self, Watchdog};
 use super::{CallInfo, CommError, CommResult, Communicator, DType, ReduceOp};
-use mpi::environment::Universe;
+use mpi::environment::{Threading, Universe};
 use mpi::point_to_point::MatchedReceiveVec;
 use mpi::request::{scope, StaticScope};
 use mpi::topology::{Color, SimpleCommunicator};
@@ -32,20 +32,26 @@ const HEADER: usize = 6;
 pub struct MpiWorld {
     universe: Arc<Universe>,
     watchdog: Arc<Watchdog>,
+    multiple: bool,
 }
 
 impl MpiWorld {
     /// Initialises MPI (once per process).
     pub fn init(timeout: Duration) -> Result<Self, CommError> {
-        let universe = mpi::initialize()
+        // Thread-multiple: the background communication stream (`stream.rs`) runs collectives
+        // on duplicated communicators while the rank's thread runs its own.
+        let (universe, level) = mpi::initialize_with_threading(Threading::Multiple)
             .ok_or_else(|| CommError::Invalid("MPI was already initialised in this process".into()))?;
-        Ok(Self { universe: Arc::new(universe), watchdog: Arc::new(Watchdog::new(timeout)) })
+        let multiple = level == Threading::Multiple;
+        Ok(Self { universe: Arc::new(universe), watchdog: Arc::new(Watchdog::new(timeout)), multiple })
     }
 
     pub fn communicator(&self) -> MpiComm {
         let comm = self.universe.world();
         let size = comm.size() as usize;
-        MpiComm::new(comm, (0..size).collect(), self.universe.clone(), self.watchdog.clone())
+        let mut c = MpiComm::new(comm, (0..size).collect(), self.universe.clone(), self.watchdog.clone());
+        c.multiple = self.multiple;
+        c
     }
 
     /// Ends every process of the job with `code`.
@@ -67,11 +73,13 @@ pub struct MpiComm {
     watchdog: Arc<Watchdog>,
     history: Mutex<VecDeque<String>>,
     outbox: Mutex<Vec<Pending>>,
+    /// MPI gave `MPI_THREAD_MULTIPLE` (duplicates may be driven from another thread).
+    multiple: bool,
     _universe: Arc<Universe>,
 }
 
-// SAFETY: a process drives MPI from one thread at a time (its rank's thread); the communicator is
-// never used concurrently. The raw buffers in `outbox` are owned by it until their sends complete.
+// SAFETY: a communicator is driven from one thread at a time (its rank's thread, or for a
+// duplicate the rank's communication stream, which needs and checks `MPI_THREAD_MULTIPLE`). The raw buffers in `outbox` are owned by it until their sends complete.
 unsafe impl Send for MpiComm {}
 unsafe impl Sync for MpiComm {}
 
@@ -111,6 +119,7 @@ impl MpiComm {
             watchdog,
             history: Mutex::new(VecDeque::new()),
             outbox: Mutex::new(Vec::new()),
+            multiple: false,
             _universe: universe,
         }
     }
@@ -132,7 +141,8 @@ impl MpiComm {
     /// the same collective time out within it and write theirs) the ranks of the group with no
     /// block are named as never arrived.
     fn timed_out(&self, what: &str) -> ! {
-        let last = self.history.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect::<Vec<_>>().join("; ");
+        let last =
+            self.history.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect::<Vec<_>>().join("; ");
         let timeout = self.watchdog.timeout();
         let head = watchdog::waiting_line(self.me(), &watchdog::hostname(), timeout, what, &self.ranks);
         let mut message = format!("{head}\n  its last collectives: {last}");
@@ -333,6 +343,20 @@ impl Communicator for MpiComm {
                 comm.size()
             )));
         }
-        Ok(Box::new(MpiComm::new(comm, ranks, self._universe.clone(), self.watchdog.clone())))
+        let mut c = MpiComm::new(comm, ranks, self._universe.clone(), self.watchdog.clone());
+        c.multiple = self.multiple;
+        Ok(Box::new(c))
+    }
+
+    fn duplicate(&self) -> CommResult<Box<dyn Communicator>> {
+        if !self.multiple {
+            return Err(CommError::Invalid(
+                "this MPI library did not grant MPI_THREAD_MULTIPLE, which communication overlap needs; set `parallelism.overlap_collectives = false`".into(),
+            ));
+        }
+        let mut c =
+            MpiComm::new(self.comm.duplicate(), self.ranks.clone(), self._universe.clone(), self.watchdog.clone());
+        c.multiple = true;
+        Ok(Box::new(c))
     }
 }

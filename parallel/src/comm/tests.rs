@@ -251,7 +251,8 @@ fn all_to_all_moves_uneven_and_empty_parts() {
                 let parts: Vec<Vec<f32>> = (0..world).map(|to| part(r, to, round, world)).collect();
                 got.push(c.all_to_all(&parts)?);
             }
-            let halves: Vec<Vec<bf16>> = (0..world).map(|to| vec![bf16::from_f32((r * 10 + to) as f32); to + 1]).collect();
+            let halves: Vec<Vec<bf16>> =
+                (0..world).map(|to| vec![bf16::from_f32((r * 10 + to) as f32); to + 1]).collect();
             let h = c.all_to_all(&halves)?;
             let e = c.all_to_all(&halves[..world - 1]).unwrap_err().to_string();
             Ok((got, h, e))
@@ -268,5 +269,41 @@ fn all_to_all_moves_uneven_and_empty_parts() {
             }
             assert!(e.contains("parts for"), "{e}");
         }
+    }
+}
+
+/// A duplicate's collectives are matched only among themselves: each rank runs a stream of
+/// all-reduces on a duplicate from a second thread while its own thread runs others on the
+/// original group, in a different interleaving on each rank; every result is right.
+#[test]
+fn duplicated_groups_run_collectives_concurrently_with_the_original() {
+    let out = run_ranks(3, T, |c| {
+        let dup: std::sync::Arc<dyn Communicator> = c.duplicate()?.into();
+        let stream = crate::comm::stream::CommStream::new("test");
+        let pending: Vec<_> = (0..20)
+            .map(|i| {
+                let dup = dup.clone();
+                stream.submit("all_reduce", 4, move || {
+                    let mut v = vec![(dup.rank() * 100 + i) as f32];
+                    dup.all_reduce(&mut v, ReduceOp::Sum).map(|_| v[0])
+                })
+            })
+            .collect();
+        let mut mine = Vec::new();
+        for i in 0..20 {
+            if i % (c.rank() + 2) == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let mut v = vec![(c.rank() + i) as f32];
+            c.all_reduce(&mut v, ReduceOp::Sum)?;
+            mine.push(v[0]);
+        }
+        let theirs: Vec<f32> = pending.into_iter().map(|p| stream.wait(p)).collect::<CommResult<_>>()?;
+        Ok((mine, theirs))
+    })
+    .unwrap();
+    for (mine, theirs) in out {
+        assert_eq!(mine, (0..20).map(|i| (3 + 3 * i) as f32).collect::<Vec<_>>());
+        assert_eq!(theirs, (0..20).map(|i| (300 + 3 * i) as f32).collect::<Vec<_>>());
     }
 }

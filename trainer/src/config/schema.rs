@@ -174,6 +174,16 @@ section!(Parallelism {
     /// -1 = all remaining ranks.
     data_parallel_shard_degree: i64 = -1,
     fsdp_reshard_after_forward: ReshardAfterForward = ReshardAfterForward::Default,
+    /// Run FSDP's all-gathers and gradient reduce-scatters on a background communication
+    /// stream, hidden behind compute (prefetch, asynchronous reduce-scatter); the numbers are
+    /// bit for bit those of `false`, which waits for each collective in turn.
+    overlap_collectives: bool = true,
+    /// With overlap: transformer blocks whose parameters are gathered ahead of the block
+    /// computing (0 = each block's parameters together, when the block starts).
+    fsdp_prefetch_depth: usize = 1,
+    /// Gradient all-reduce bucket size in MiB (PyTorch DDP's `bucket_cap_mb`): the replicas'
+    /// all-reduce runs once per bucket, with overlap as soon as a bucket's gradients are ready.
+    ddp_bucket_cap_mb: usize = 25,
     tensor_parallel_degree: usize = 1,
     enable_sequence_parallel: bool = true,
     pipeline_parallel_degree: usize = 1,

@@ -6,7 +6,7 @@
 
 pub mod export;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use burn::prelude::Device;
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -68,6 +68,16 @@ impl HfSource {
             let entry = match (family.hf_tensor)(&args, &key) {
                 Some(HfTensor::One { name, transposed }) if hf.contains_key(&name) => Entry::One { name, transposed },
                 Some(HfTensor::PerExpert { names }) if names.iter().all(|n| hf.contains_key(n)) => {
+                    // Read as one stacked tensor: every expert's matrix must have expert 0's shape.
+                    if let Some(odd) = names.iter().find(|n| hf[*n] != hf[&names[0]]) {
+                        bail!(
+                            "{}: expert tensor `{odd}` has shape {:?} but `{}` has {:?}; every expert of a layer must have the same shape (is `moe_intermediate_size` in config.json right?)",
+                            dir.display(),
+                            hf[odd],
+                            names[0],
+                            hf[&names[0]]
+                        );
+                    }
                     Entry::PerExpert { names }
                 }
                 Some(HfTensor::Permuted { name, perm }) if hf.contains_key(&name) => Entry::Permuted { name, perm },

@@ -195,7 +195,8 @@ impl MetricsLogger {
                 "tokens_per_s": tps, "tflops": tflops, "mfu": mfu,
                 "peak_tflops": self.peak.as_ref().map(|p| p.tflops), "memory_gib": mem,
                 "peak_memory_gib": peak_mem, "runtime_memory_gib": crate::memory::runtime_gib(),
-                "step_time_s": s.seconds, "comm_time_s": s.comm_seconds,
+                "step_time_s": s.seconds, "comm_time_s": s.comm_seconds + s.comm_hidden_seconds,
+                "comm_exposed_s": s.comm_seconds, "comm_hidden_s": s.comm_hidden_seconds,
                 "param_bytes": s.param_bytes, "optim_bytes": s.optim_bytes,
             });
             let mut line = line;

@@ -11,8 +11,12 @@ pub struct StepStats {
     pub lr: f64,
     pub tokens: usize,
     pub seconds: f64,
-    /// Of `seconds`, the time spent inside collectives (including waiting for other ranks).
+    /// Of `seconds`, the time spent inside collectives (including waiting for other ranks) or
+    /// waiting for the communication stream's: the exposed communication time.
     pub comm_seconds: f64,
+    /// Collective time on the communication stream while this rank computed (FSDP overlap):
+    /// hidden, not part of `seconds`' critical path.
+    pub comm_hidden_seconds: f64,
     /// Of `seconds`, the time spent computing forward and backward passes (the rest is
     /// communication, pipeline bubbles and the optimizer).
     pub busy_seconds: f64,

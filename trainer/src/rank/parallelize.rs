@@ -18,6 +18,7 @@ use titan_models::Hooks;
 use titan_models::{decoder::logical_axes, LogicalAxis};
 use titan_parallel::autograd::host::{self, Prim};
 use titan_parallel::cp::{ContextParallelHooks, CpSpec, Rotate};
+use titan_parallel::ddp::overlap::hook_gradients;
 use titan_parallel::ddp::{all_reduce_gradients, BUCKET_BYTES};
 use titan_parallel::ep::ExpertParallelHooks;
 use titan_parallel::fsdp::{fully_shard_by, Sharding};
@@ -72,6 +73,10 @@ pub struct Placement {
     tp_partial: HashSet<ParamId>,
     /// Use the fused cross-entropy kernel where the device has one.
     pub fused_loss: bool,
+    /// Plain DDP with overlap: every parameter's gradient hook key, by path (`ddp::overlap`).
+    pub ddp_hooks: Option<BTreeMap<String, u64>>,
+    /// The replicas' (and TP's partial) gradient all-reduce bucket size in bytes.
+    pub bucket_bytes: usize,
 }
 
 impl Placement {
@@ -89,14 +94,25 @@ pub struct ParallelOptions {
     pub cp_rotate: Rotate,
     /// FSDP frees gathered parameters after forward and gathers them again in backward.
     pub reshard_after_forward: bool,
+    /// Hook the parameters for DDP's overlapped all-reduce (plain DDP only: no other
+    /// parallelism reduces the gradients).
+    pub ddp_overlap: bool,
 }
 
 /// Applies TP, then CP (the attention hook), then EP (the routed experts), then FSDP (over
 /// dp_shard × cp; the routed experts under EP over their own group), to this rank's full
 /// stages (pipeline parallelism chose the stages).
 pub fn parallelize_llama(mut model: RankModel, rank: &RankContext, opts: ParallelOptions) -> (RankModel, Placement) {
-    let ParallelOptions { sequence_parallel, cp_rotate, reshard_after_forward } = opts;
-    let mut placement = Placement::default();
+    let ParallelOptions { sequence_parallel, cp_rotate, reshard_after_forward, ddp_overlap } = opts;
+    let mut placement = Placement { bucket_bytes: BUCKET_BYTES, ..Placement::default() };
+    let plain_ddp = rank.replicate.is_some()
+        && [&rank.fsdp, &rank.efsdp, &rank.tp, &rank.cp, &rank.ep].iter().all(|g| g.is_none())
+        && rank.pp.is_none();
+    if ddp_overlap && plain_ddp {
+        let (m, keys) = hook_gradients(model);
+        model = m;
+        placement.ddp_hooks = Some(keys);
+    }
     if let Some(g) = &rank.tp {
         let (m, tp, hooks) = apply_tensor_parallel(model, g, sequence_parallel, tp_split_dim);
         model = RankModel { chunks: m.chunks.into_iter().map(|c| c.with_hooks(hooks.clone())).collect() };
@@ -170,7 +186,14 @@ impl Placement {
     /// Completes gradients after backward (FSDP's were reduce-scattered inside it): under
     /// sequence parallelism the replicated (norm) gradients are partial per TP rank and are
     /// summed; then replicas sum all of theirs.
-    pub fn reduce_gradients(&self, model: &RankModel, acc: &mut GradientsParams, rank: &RankContext) -> Result<()> {
+    /// `done`: parameters whose replica all-reduce already ran (DDP's overlap).
+    pub fn reduce_gradients(
+        &self,
+        model: &RankModel,
+        acc: &mut GradientsParams,
+        rank: &RankContext,
+        done: &HashSet<ParamId>,
+    ) -> Result<()> {
         if let Some(tp) = &self.tp {
             // Partial per TP rank: what saw only this rank's positions or heads — replicated
             // parameters under sequence parallelism, MoE and QK-norm parameters always — except
@@ -180,11 +203,11 @@ impl Placement {
                 !self.tp_split.contains(&id) && !self.ep_split.contains(&id) && (sp || self.tp_partial.contains(&id))
             };
             if sp || !self.tp_partial.is_empty() {
-                with_group(tp.group.id(), |c| all_reduce_gradients(model, acc, c, BUCKET_BYTES, &partial))?;
+                with_group(tp.group.id(), |c| all_reduce_gradients(model, acc, c, self.bucket_bytes, &partial))?;
             }
         }
         if let Some(replicate) = &rank.replicate {
-            all_reduce_gradients(model, acc, replicate.as_ref(), BUCKET_BYTES, &|_| true)?;
+            all_reduce_gradients(model, acc, replicate.as_ref(), self.bucket_bytes, &|id| !done.contains(&id))?;
         }
         Ok(())
     }

@@ -284,6 +284,8 @@ pub fn run_schedule(
             }
             Action::Backward { stage, microbatch: m } => {
                 let _span = titan_profiling::span_with(|| format!("backward stage {stage} mb {m}"), "backward");
+                // DDP's overlap counted the parameter reads of the last forward; not a recompute's.
+                titan_parallel::ddp::overlap::end_forward();
                 let Some(s) = saved.remove(&(stage, m)) else { bail!("schedule runs backward before forward") };
                 let (x, root, tape) = match s {
                     Saved::Loss(x, loss, tape) => (x, loss, tape),
@@ -294,12 +296,16 @@ pub fn run_schedule(
                     }
                 };
                 let chunk = &model.chunks[stage / layout.split.pp];
+                // Each backward pass's gradients join the accumulator as a whole; the overlapped
+                // collectives (FSDP's reduce-scatters, DDP's all-reduce) are told where one ends.
                 let grads = chunk.backward_stage(root, tape, |g| {
+                    titan_parallel::seal_backward_pass();
                     grads::accumulate(model, acc, GradientsParams::from_grads(g, model))
                 });
                 if let Some(x) = x {
                     wire.send(x.grad(&grads).expect("the stage input takes part in the loss"), stage - 1, m, true)?;
                 }
+                titan_parallel::seal_backward_pass();
                 grads::accumulate(model, acc, GradientsParams::from_grads(grads, model));
             }
         }

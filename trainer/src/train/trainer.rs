@@ -4,9 +4,9 @@
 use crate::checkpoint::{Checkpointer, TrainingState};
 use crate::config::{AttentionChoice, DeviceKind, FailMode, JobConfig, LossScaleMode, MaskType, Precision, SdcAction};
 use crate::metrics::StepStats;
-use crate::optim::LrSchedule;
 use crate::optim::loss_scale::{LossScaler, Verdict, MAX_CONSECUTIVE_SKIPS};
 use crate::optim::loss_spike::{LossSpikes, SkippedWindow};
+use crate::optim::LrSchedule;
 use crate::optim::Optimizers;
 use crate::paths;
 use crate::rank::grads;
@@ -18,6 +18,7 @@ use anyhow::{anyhow, bail, Result};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -90,9 +91,11 @@ fn parallelize(cfg: &JobConfig, stages: RankModel, rank: &RankContext) -> (RankM
         sequence_parallel: p.enable_sequence_parallel,
         cp_rotate: p.context_parallel_rotate_method.rotate(),
         reshard_after_forward: p.fsdp_reshard_after_forward.reshards(p.pipeline_parallel_degree > 1),
+        ddp_overlap: p.overlap_collectives,
     };
     let (model, mut placement) = parallelize_llama(stages, rank, opts);
     placement.fused_loss = cfg.model.kernels.is_fused();
+    placement.bucket_bytes = p.ddp_bucket_cap_mb.max(1) << 20;
     (model, placement)
 }
 
@@ -118,7 +121,8 @@ impl Trainer {
     pub fn new(cfg: JobConfig, rank: RankContext) -> Result<Self> {
         let args = cfg.model_args().map_err(|e| anyhow!(e))?;
         let local_rank = titan_parallel::launcher::local_rank(rank.world_rank);
-        let mut device = crate::device::select(cfg.training.device, cfg.training.device_index(), local_rank)?.autodiff();
+        let mut device =
+            crate::device::select(cfg.training.device, cfg.training.device_index(), local_rank)?.autodiff();
         titan_kernels::choice::set_measure_on_gpu(cfg.model.attention == AttentionChoice::Auto);
         if cfg.activation_checkpoint.policy() == Ok(Checkpointing::Ops) {
             // Op-level selective AC: Burn's balanced strategy recomputes the memory-bound ops.
@@ -177,6 +181,13 @@ impl Trainer {
             .map_err(|e| anyhow!(e))?;
         let stages = build_stages(&cfg, &args, &layout, cfg.training.seed, &device)?;
         let (model, placement) = parallelize(&cfg, stages, &rank);
+        if placement.fsdp.is_some() && cfg.parallelism.overlap_collectives {
+            let groups: Vec<_> = [&rank.fsdp, &rank.efsdp].into_iter().flatten().collect();
+            titan_parallel::fsdp::overlap::enable(&groups, cfg.parallelism.fsdp_prefetch_depth)?;
+        }
+        if let (Some(_), Some(replicate)) = (&placement.ddp_hooks, &rank.replicate) {
+            titan_parallel::ddp::overlap::enable(replicate.as_ref(), placement.bucket_bytes)?;
+        }
         let mut t = Self {
             optim: {
                 let mut o = Optimizers::new(&cfg.optimizer, cfg.model.kernels.is_fused())?;
@@ -200,7 +211,8 @@ impl Trainer {
             val_batches,
             checkpointer: Checkpointer::new(&cfg),
             scaler: LossScaler::new(
-                cfg.training.mixed_precision_param == Precision::Float16 && cfg.training.loss_scale == LossScaleMode::Dynamic,
+                cfg.training.mixed_precision_param == Precision::Float16
+                    && cfg.training.loss_scale == LossScaleMode::Dynamic,
                 cfg.training.loss_scale_init,
                 cfg.training.loss_scale_growth_interval,
             ),
@@ -223,9 +235,23 @@ impl Trainer {
     /// The checkpointer and the state it saves or fills, borrowed apart.
     fn checkpoint_parts(&mut self) -> (&mut Checkpointer, TrainingState<'_>) {
         let Trainer {
-            cfg, args, model, optim, loader, step, placement, layout, rank, device, checkpointer, scaler, spikes, ..
+            cfg,
+            args,
+            model,
+            optim,
+            loader,
+            step,
+            placement,
+            layout,
+            rank,
+            device,
+            checkpointer,
+            scaler,
+            spikes,
+            ..
         } = self;
-        let state = TrainingState { cfg, args, model, optim, loader, step, placement, layout, rank, device, scaler, spikes };
+        let state =
+            TrainingState { cfg, args, model, optim, loader, step, placement, layout, rank, device, scaler, spikes };
         (checkpointer, state)
     }
 
@@ -300,7 +326,13 @@ impl Trainer {
         let mut acc = GradientsParams::new();
         let pipeline_start = Instant::now();
         let comm_before = titan_parallel::comm::timing::seconds();
-        for (batch, docs) in &local {
+        if let Some(sharding) = &self.placement.fsdp {
+            titan_parallel::fsdp::overlap::begin_step(&self.model, sharding, titan_profiling::is_active());
+        }
+        for (i, (batch, docs)) in local.iter().enumerate() {
+            if let (Some(keys), true) = (&self.placement.ddp_hooks, i + 1 == local.len()) {
+                titan_parallel::ddp::overlap::begin_last_pass(&self.model, keys, &acc, titan_profiling::is_active());
+            }
             let io = StepInputs {
                 batch,
                 total_tokens,
@@ -316,6 +348,26 @@ impl Trainer {
             loss_sum += out.loss;
             busy += out.busy.as_secs_f64();
         }
+        // FSDP's queued reduce-scatters join the gradients and DDP's overlapped all-reduce
+        // ends (overlap on; nothing otherwise).
+        let mut stream = titan_parallel::fsdp::overlap::end_step(&self.model, &mut acc)?.unwrap_or_default();
+        let mut all_reduced = HashSet::new();
+        if let Some(keys) = &self.placement.ddp_hooks {
+            if let Some((done, s)) = titan_parallel::ddp::overlap::finish(&self.model, keys, &mut acc)? {
+                all_reduced = done;
+                stream.absorb(s);
+            }
+        }
+        for e in &stream.events {
+            titan_profiling::add_event(titan_profiling::Event {
+                name: e.name.clone(),
+                cat: "comm",
+                ts_us: e.ts_us,
+                dur_us: e.dur_us,
+                args: vec![("bytes", e.bytes.into())],
+                lane: titan_profiling::COMM_LANE,
+            });
+        }
         let slowness = self.inject_slowness();
         busy += slowness;
         let in_collectives = titan_parallel::comm::timing::seconds() - comm_before;
@@ -328,7 +380,7 @@ impl Trainer {
         self.inject_failure(step)?;
         {
             let _span = titan_profiling::span("gradient reduction", "comm");
-            self.placement.reduce_gradients(&self.model, &mut acc, &self.rank)?;
+            self.placement.reduce_gradients(&self.model, &mut acc, &self.rank, &all_reduced)?;
         }
         // The loss lives on the last pipeline stage of every data-parallel rank, in parts over
         // the context-parallel ranks.
@@ -401,6 +453,7 @@ impl Trainer {
             tokens: local_tokens,
             seconds: start.elapsed().as_secs_f64(),
             comm_seconds: titan_parallel::comm::timing::take_seconds(),
+            comm_hidden_seconds: stream.hidden_seconds(),
             busy_seconds: busy,
             compute_seconds,
             pipeline_seconds,

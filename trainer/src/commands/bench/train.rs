@@ -15,8 +15,12 @@ pub struct BenchResult {
     /// Tokens of the whole job (every data-parallel rank) per second.
     pub tokens_per_s: f64,
     pub step_seconds: f64,
-    /// Of a step, the share spent inside collectives (rank 0, median step).
+    /// Of a step, the share spent inside collectives or waiting for the communication stream's
+    /// (exposed; rank 0, median step).
     pub comm_share: f64,
+    /// Collective time the communication stream hid behind compute, as a share of the step
+    /// (overlap; rank 0, median step).
+    pub comm_hidden_share: f64,
     /// `None`: no peak known for the device (a GPU not in the table, no `metrics.peak_tflops`).
     pub mfu: Option<f64>,
     pub peak_tflops: Option<f64>,
@@ -31,7 +35,12 @@ pub struct BenchResult {
 
 /// Times `steps` steps after `warmup` on one rank; returns the step stats and the trainer's
 /// global tokens per step.
-fn time_rank(cfg: JobConfig, rank: RankContext, warmup: usize, steps: usize) -> Result<(Vec<StepStats>, usize, Traffic)> {
+fn time_rank(
+    cfg: JobConfig,
+    rank: RankContext,
+    warmup: usize,
+    steps: usize,
+) -> Result<(Vec<StepStats>, usize, Traffic)> {
     let mut t = Trainer::new(cfg, rank)?;
     for _ in 0..warmup {
         t.train_step()?;
@@ -71,6 +80,7 @@ pub fn bench(mut cfg: JobConfig, warmup: usize, steps: usize) -> Result<BenchRes
         tokens_per_s: tps,
         step_seconds: median.seconds,
         comm_share: median.comm_seconds / median.seconds,
+        comm_hidden_share: median.comm_hidden_seconds / median.seconds,
         mfu,
         peak_tflops: peak.map(|p| p.tflops),
         bubble: if cfg.parallelism.pipeline_parallel_degree > 1 { bubble.max(0.0) } else { 0.0 },
@@ -190,13 +200,14 @@ pub fn parse_tokens_per_s(text: &str) -> Option<f64> {
 /// same run, its median and range and the ratio of the medians.
 pub fn print_table(label: &str, r: &BenchResult, baseline: Option<&Baseline>) {
     let opt = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map_or("n/a".to_string(), f);
-    let mut header = "| model | layout | batch×seq per rank | ranks | step (s) | tokens/s (all ranks) | comm share | pipeline bubble | MFU | peak TFLOP/s |".to_string();
+    let mut header = "| model | layout | batch×seq per rank | ranks | step (s) | tokens/s (all ranks) | comm share (exposed / hidden) | pipeline bubble | MFU | peak TFLOP/s |".to_string();
     let mut row = format!(
-        "| {label} | {} | {:.3} | {:.0} | {:.1}% | {:.1}% | {} | {} |",
+        "| {label} | {} | {:.3} | {:.0} | {:.1}% / {:.1}% | {:.1}% | {} | {} |",
         r.ranks,
         r.step_seconds,
         r.tokens_per_s,
         100.0 * r.comm_share,
+        100.0 * r.comm_hidden_share,
         100.0 * r.bubble,
         opt(r.mfu, &|m| format!("{m:.2}%")),
         opt(r.peak_tflops, &|p| format!("{p:.3}")),

@@ -26,6 +26,7 @@ fn tensor_parallel_logits_are_vocab_slices_and_the_loss_is_the_full_one() {
                 sequence_parallel: sp,
                 cp_rotate: titan_parallel::cp::Rotate::Ring,
                 reshard_after_forward: true,
+                ddp_overlap: false,
             };
             let (model, placement) = parallelize_llama(whole, &rank, opts);
             let logits = model.chunks[0].forward(ids(0));
