@@ -154,7 +154,10 @@ fn gpu_ranks_under_mpirun_train_and_a_killed_one_ends_the_job() {
     let procs = d.path().join("mpi");
     let args = tiny_args(&procs, 3);
     let all: Vec<&str> = args.iter().map(String::as_str).chain(layout.iter().copied()).collect();
+    let t = std::time::Instant::now();
     assert_ok(&mpirun(4, &all));
+    // Start-up (each process compiles its kernels on the software adapter) and three steps.
+    let whole_run = t.elapsed();
     assert_matches("FSDP 2 x TP 2 on wgpu: mpirun vs threads", &metric_values(&threads), &metric_values(&procs), 1e-5);
 
     let t = std::time::Instant::now();
@@ -164,7 +167,10 @@ fn gpu_ranks_under_mpirun_train_and_a_killed_one_ends_the_job() {
     let o = mpirun(4, &all);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "{err}");
-    assert!(t.elapsed().as_secs() < 60, "took {:?}", t.elapsed());
+    // Killed during step 2: the job must end before the collective timeout (30 s) could have
+    // ended it, so well within the uninterrupted run's time plus that timeout.
+    let limit = whole_run + std::time::Duration::from_secs(30);
+    assert!(t.elapsed() < limit, "took {:?}, more than {limit:?}", t.elapsed());
     assert!(err.contains("rank 3"), "the report lacks the killed rank:\n{err}");
 }
 

@@ -42,15 +42,22 @@ struct Shard {
     chunk: usize,
     unit: usize,
     param: ParamId,
+    /// Elements of the gathered (padded) parameter.
+    numel: usize,
+    /// Part of a transformer block (its unit is the block).
+    in_block: bool,
 }
 
-/// A queued reduce-scatter: which backward pass (epoch) produced it, for which parameter.
+/// A queued reduce-scatter: which backward pass (epoch) produced it, for which parameter; its
+/// result once waited for.
 struct GradJob {
     epoch: usize,
     key: u64,
     shape: Vec<usize>,
     dtype: burn::tensor::DType,
-    job: Job,
+    job: Result<Job, CommResult<Vec<f32>>>,
+    /// The padded gradient the queued job holds (host bytes).
+    bytes: usize,
 }
 
 struct Overlap {
@@ -69,6 +76,13 @@ struct Overlap {
     next_issue: usize,
     epoch: usize,
     grads: Vec<GradJob>,
+    /// Bytes of gradients queued and not yet waited for, and their bound: as many units as
+    /// the prefetch keeps gathered (`depth + 1`, of the largest unit), so a stream slower than
+    /// backward holds back backward instead of every gradient's host copy.
+    queued: usize,
+    queue_limit: usize,
+    /// `grads[..waited]` hold their results.
+    waited: usize,
 }
 
 thread_local! {
@@ -99,6 +113,9 @@ pub fn enable(groups: &[&GroupHandle], depth: usize) -> CommResult<()> {
             next_issue: 0,
             epoch: 0,
             grads: Vec::new(),
+            queued: 0,
+            queue_limit: 0,
+            waited: 0,
         })
     });
     Ok(())
@@ -151,11 +168,14 @@ pub fn begin_step<M: Module>(model: &M, sharding: &Sharding, record_trace: bool)
                 return;
             };
             let n = self.units.len();
-            let unit = *self.units.entry(unit_of(&path)).or_insert(n);
+            let unit_name = unit_of(&path);
+            let in_block = unit_name != path;
+            let unit = *self.units.entry(unit_name).or_insert(n);
             let t = p.val().inner();
+            let numel = t.shape().num_elements() * layout.size;
             let read: Reader =
                 Arc::new(move || t.clone().into_data().convert::<f32>().try_into_vec::<f32>().expect("float32 shard"));
-            self.out.insert(key, Shard { read, group, rows: layout.rows, chunk: layout.chunk, unit, param: p.id });
+            self.out.insert(key, Shard { read, group, rows: layout.rows, chunk: layout.chunk, unit, param: p.id, numel, in_block });
         }
     }
     STATE.with(|s| {
@@ -164,6 +184,15 @@ pub fn begin_step<M: Module>(model: &M, sharding: &Sharding, record_trace: bool)
         let mut c = Collect { path: Vec::new(), sharding, units: HashMap::new(), out: HashMap::new() };
         model.visit(&mut c);
         o.shards = c.out;
+        // The bound counts in transformer blocks (the largest); a parameter outside them (the
+        // output head can be larger than a block) is queued alone.
+        let mut unit_bytes: HashMap<usize, usize> = HashMap::new();
+        for sh in o.shards.values().filter(|sh| sh.in_block) {
+            *unit_bytes.entry(sh.unit).or_default() += 4 * sh.numel;
+        }
+        o.queue_limit = (o.depth + 1) * unit_bytes.values().copied().max().unwrap_or(0);
+        o.queued = 0;
+        o.waited = 0;
         o.grads.clear(); // left by a step that failed before its end
         o.armed = true;
         o.diverged = false;
@@ -265,7 +294,21 @@ pub(crate) fn reduce_scatter(
         });
         let mut shard_shape = shape.to_vec();
         shard_shape[0] = chunk;
-        o.grads.push(GradJob { epoch: o.epoch, key, shape: shard_shape, dtype, job });
+        o.grads.push(GradJob { epoch: o.epoch, key, shape: shard_shape, dtype, job: Ok(job), bytes });
+        o.queued += bytes;
+        // Over the bound: wait for the oldest queued ones (their results are kept).
+        let mut i = o.waited;
+        while o.queued > o.queue_limit && i + 1 < o.grads.len() {
+            let g = &mut o.grads[i];
+            let done = match std::mem::replace(&mut g.job, Err(Ok(Vec::new()))) {
+                Ok(job) => o.stream.wait(job),
+                Err(done) => done,
+            };
+            g.job = Err(done);
+            o.queued -= g.bytes;
+            i += 1;
+            o.waited = i;
+        }
         true
     })
 }
@@ -298,7 +341,11 @@ pub fn end_step<M: Module>(model: &M, acc: &mut GradientsParams) -> CommResult<O
         let mut results = Vec::with_capacity(grads.len());
         let mut first_error = None;
         for g in grads {
-            match o.stream.wait(g.job) {
+            let result = match g.job {
+                Ok(job) => o.stream.wait(job),
+                Err(done) => done,
+            };
+            match result {
                 Ok(data) => results.push((params[&g.key], g.epoch, g.shape, g.dtype, data)),
                 Err(e) => {
                     first_error.get_or_insert(e);

@@ -173,6 +173,8 @@ pub fn rank_memory(cfg: &JobConfig, args: &ModelArgs, dims: &ParallelDims, pp_ra
     // Lazily initialised: building the stages allocates nothing, it only knows their shapes.
     let stages = layout.build(args, 0, (true, true), &Device::flex());
     let (mut local, mut gathered_kept, mut largest_block, mut largest_param) = (0u64, 0u64, 0u64, 0u64);
+    // One block's gathered float32 weights (FSDP), for the overlap's buffers.
+    let mut block_gathered = 0u64;
     let reshard = p.fsdp_reshard_after_forward.reshards(layout.split.pp > 1);
     // With reshard after forward: the gathered float32 weights of the block whose backward runs.
     let mut regathered_block = 0u64;
@@ -234,6 +236,7 @@ pub fn rank_memory(cfg: &JobConfig, args: &ModelArgs, dims: &ParallelDims, pp_ra
             if block == Some(first) {
                 largest_block += full * (gathered + copies);
                 regathered_block += full * (gathered - fsdp_kept);
+                block_gathered += full * gathered;
             }
         }
         for l in layout.split.layers[stage].clone() {
@@ -285,7 +288,23 @@ pub fn rank_memory(cfg: &JobConfig, args: &ModelArgs, dims: &ParallelDims, pp_ra
         + if layout.split.pp > 1 { 2 * residual } else { 0 }
         + if shard > 1 { 2 * 4 * largest_param } else { 0 }
         + cp_buffers;
-    let reduction = if dp * shard > 1 { 4 * local + (25 << 20).min(4 * local) } else { 0 };
+    // Overlap (`overlap_collectives`): FSDP's prefetched gathers and queued reduce-scatters,
+    // each bounded to `fsdp_prefetch_depth + 1` blocks (a larger parameter outside the blocks,
+    // the head, is in flight alone: the largest parameter's buffers above). They coincide with
+    // the peak when backward gathers again (reshard after forward, or recomputed blocks);
+    // otherwise the peak is the end of forward, when nothing is left to prefetch and no
+    // gradient is queued yet. Plain
+    // DDP: its buckets and their sums, and with accumulation the earlier microbatches'
+    // gradients read to the host, during the last backward.
+    let blocks_ahead = (p.fsdp_prefetch_depth as u64 + 1) * block_gathered;
+    let in_step = in_step + if p.overlap_collectives && shard > 1 && (reshard || any_ckpt) { 2 * blocks_ahead } else { 0 };
+    let plain_ddp = dp > 1 && shard == 1 && tp == 1 && cp == 1 && ep == 1 && layout.split.pp == 1;
+    let accumulating = cfg.global_batch_size(dims.dp()) > local_batch * dims.dp();
+    let reduction = match (dp * shard > 1, p.overlap_collectives && plain_ddp) {
+        (false, _) => 0,
+        (true, true) => 4 * local * (2 + accumulating as u64),
+        (true, false) => 4 * local + (25 << 20).min(4 * local),
+    };
     let reduction = reduction.max(muon_working);
     let threads = rayon::current_num_threads() as u64;
     let workspace = threads * (2 * 64 * 64 * 4 + 2 * (256 * w.d.max(w.f)) * 4);

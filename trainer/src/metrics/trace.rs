@@ -80,6 +80,8 @@ struct Span {
     start: f64,
     end: f64,
     depth: usize,
+    /// Drawn on the rank's communication-stream lane (trace thread 1), below its nested spans.
+    stream: bool,
 }
 
 /// A rank's spans with their nesting depth (spans contained in an earlier one sit below it).
@@ -98,12 +100,13 @@ fn read_rank(path: &Path) -> Result<(String, Vec<Span>)> {
         .filter(|e| e["ph"] == "X")
         .map(|e| {
             let (ts, dur) = (e["ts"].as_f64().unwrap_or(0.0), e["dur"].as_f64().unwrap_or(0.0));
-            Span { cat: e["cat"].as_str().unwrap_or("").to_string(), start: ts, end: ts + dur, depth: 0 }
+            let stream = e["tid"].as_u64().unwrap_or(0) != 0;
+            Span { cat: e["cat"].as_str().unwrap_or("").to_string(), start: ts, end: ts + dur, depth: 0, stream }
         })
         .collect();
     spans.sort_by(|a, b| a.start.total_cmp(&b.start).then(b.end.total_cmp(&a.end)));
     let mut open: Vec<f64> = Vec::new();
-    for s in &mut spans {
+    for s in spans.iter_mut().filter(|s| !s.stream) {
         while open.last().is_some_and(|&end| end <= s.start) {
             open.pop();
         }
@@ -114,7 +117,8 @@ fn read_rank(path: &Path) -> Result<(String, Vec<Span>)> {
 }
 
 /// Draws every `rank*_trace.json` of one iteration folder as a timeline (a band per rank,
-/// nested spans stacked, coloured by category) into `out`; returns the number of ranks.
+/// nested spans stacked, the communication stream's collectives on a row of their own below them,
+/// coloured by category) into `out`; returns the number of ranks.
 pub fn timeline(dir: &Path, out: &Path) -> Result<usize> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("reading {}", dir.display()))?
@@ -135,10 +139,14 @@ pub fn timeline(dir: &Path, out: &Path) -> Result<usize> {
     let ranks: Vec<(String, Vec<Span>)> = files.iter().map(|p| read_rank(p)).collect::<Result<_>>()?;
     let t0 = ranks.iter().flat_map(|r| r.1.iter().map(|s| s.start)).fold(f64::MAX, f64::min);
     let t1 = ranks.iter().flat_map(|r| r.1.iter().map(|s| s.end)).fold(f64::MIN, f64::max);
-    let depth = ranks.iter().flat_map(|r| r.1.iter().map(|s| s.depth + 1)).max().unwrap_or(1).min(6);
+    let depth =
+        ranks.iter().flat_map(|r| r.1.iter().filter(|s| !s.stream).map(|s| s.depth + 1)).max().unwrap_or(1).min(6);
+    // With overlapped collectives, each band gets one more row: the communication stream's.
+    let lane = ranks.iter().any(|r| r.1.iter().any(|s| s.stream));
+    let band_rows = depth + 1 + usize::from(lane);
     super::plot::register_bundled_font();
-    let rows = (ranks.len() * (depth + 1)) as f64;
-    let height = (140 + ranks.len() * (depth + 1) * 18).min(2000) as u32;
+    let rows = (ranks.len() * band_rows) as f64;
+    let height = (140 + ranks.len() * band_rows * 18).min(2000) as u32;
     let err = |e: &dyn std::fmt::Display| anyhow!("drawing {}: {e}", out.display());
     let root = BitMapBackend::new(out, (1400, height)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
@@ -152,7 +160,7 @@ pub fn timeline(dir: &Path, out: &Path) -> Result<usize> {
         .y_label_area_size(190)
         .build_cartesian_2d(0.0..ms, rows..0.0)
         .map_err(|e| err(&e))?;
-    let band = (depth + 1) as f64;
+    let band = band_rows as f64;
     chart
         .configure_mesh()
         .disable_y_mesh()
@@ -164,8 +172,8 @@ pub fn timeline(dir: &Path, out: &Path) -> Result<usize> {
     for (i, (label, spans)) in ranks.iter().enumerate() {
         let base = i as f64 * band;
         chart
-            .draw_series(spans.iter().filter(|s| s.depth < depth).map(|s| {
-                let y = base + s.depth as f64;
+            .draw_series(spans.iter().filter(|s| s.stream || s.depth < depth).map(|s| {
+                let y = base + if s.stream { depth } else { s.depth } as f64;
                 let (x0, x1) = ((s.start - t0) / 1e3, (s.end - t0) / 1e3);
                 Rectangle::new([(x0, y + 0.08), (x1.max(x0 + ms * 5e-4), y + 0.92)], category_color(&s.cat).filled())
             }))
