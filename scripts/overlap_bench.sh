@@ -34,7 +34,7 @@ for round in $(seq "$ROUNDS"); do
     run "r$round-on" --parallelism.overlap_collectives true
 done
 for reshard in never always; do
-    run "mem-$reshard" --parallelism.fsdp_reshard_after_forward "$reshard" --training.steps 2
+    run "mem-$reshard" --parallelism.fsdp_reshard_after_forward "$reshard"
 done
 echo "small, FSDP 4 over 4 namespace hosts, links shaped to $RATE, seq 512 x 1 per rank, $(date -u +%F), $(nproc) cores"
 python3 - "$OUT" "$ROUNDS" <<'PY'
@@ -60,5 +60,5 @@ for reshard in ["never", "always"]:
     print(f"reshard {reshard:>6}: rank 0 peak {max(x['peak_memory_gib'] for x in r):.2f} GiB")
 PY
 for reshard in never always; do
-    echo "plan, reshard $reshard: $("$BIN" plan --config configs/llama_debug.toml $SHAPE --parallelism.data_parallel_shard_degree 4 --parallelism.fsdp_reshard_after_forward $reshard | grep -E 'per rank|FSDP-gathered' | tr -s ' ' | head -3 | tr '\n' ';')"
+    echo "plan, reshard $reshard: $("$BIN" plan --config configs/llama_debug.toml $SHAPE --parallelism.data_parallel_shard_degree 4 --parallelism.fsdp_reshard_after_forward $reshard | grep 'pp rank 0' | sed 's/ = .*//')"
 done

@@ -175,7 +175,10 @@ pub fn begin_step<M: Module>(model: &M, sharding: &Sharding, record_trace: bool)
             let numel = t.shape().num_elements() * layout.size;
             let read: Reader =
                 Arc::new(move || t.clone().into_data().convert::<f32>().try_into_vec::<f32>().expect("float32 shard"));
-            self.out.insert(key, Shard { read, group, rows: layout.rows, chunk: layout.chunk, unit, param: p.id, numel, in_block });
+            self.out.insert(
+                key,
+                Shard { read, group, rows: layout.rows, chunk: layout.chunk, unit, param: p.id, numel, in_block },
+            );
         }
     }
     STATE.with(|s| {

@@ -297,7 +297,8 @@ pub fn rank_memory(cfg: &JobConfig, args: &ModelArgs, dims: &ParallelDims, pp_ra
     // DDP: its buckets and their sums, and with accumulation the earlier microbatches'
     // gradients read to the host, during the last backward.
     let blocks_ahead = (p.fsdp_prefetch_depth as u64 + 1) * block_gathered;
-    let in_step = in_step + if p.overlap_collectives && shard > 1 && (reshard || any_ckpt) { 2 * blocks_ahead } else { 0 };
+    let in_step =
+        in_step + if p.overlap_collectives && shard > 1 && (reshard || any_ckpt) { 2 * blocks_ahead } else { 0 };
     let plain_ddp = dp > 1 && shard == 1 && tp == 1 && cp == 1 && ep == 1 && layout.split.pp == 1;
     let accumulating = cfg.global_batch_size(dims.dp()) > local_batch * dims.dp();
     let reduction = match (dp * shard > 1, p.overlap_collectives && plain_ddp) {
