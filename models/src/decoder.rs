@@ -445,12 +445,7 @@ struct SpecCollector {
 }
 
 impl ModuleVisitor for SpecCollector {
-    fn enter_module(&mut self, name: &str, _container: &str) {
-        self.path.push(name.to_string());
-    }
-    fn exit_module(&mut self, _name: &str, _container: &str) {
-        self.path.pop();
-    }
+    crate::track_module_path!();
     fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
         let path = self.path.join(".");
         let axes = logical_axes(&path).unwrap_or_else(|| panic!("parameter {path} declares no logical axes"));

@@ -16,6 +16,7 @@ pub mod layers;
 pub mod llama3;
 pub mod loss;
 pub mod mla;
+pub mod module_path;
 pub mod moe;
 pub mod positions;
 pub mod qwen3;

@@ -131,12 +131,7 @@ struct Slice<'a, F> {
 }
 
 impl<F: Fn(&str) -> Option<usize>> ModuleMapper for Slice<'_, F> {
-    fn enter_module(&mut self, name: &str, _: &str) {
-        self.path.push(name.to_string());
-    }
-    fn exit_module(&mut self, _: &str, _: &str) {
-        self.path.pop();
-    }
+    titan_models::track_module_path!();
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
         let path = self.path.join(".");
         let Some(dim) = (self.split_dim)(&path) else { return param };

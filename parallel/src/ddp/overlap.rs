@@ -158,12 +158,7 @@ pub fn begin_last_pass<M: Module>(model: &M, keys: &BTreeMap<String, u64>, acc: 
         out: HashMap<u64, Part>,
     }
     impl ModuleVisitor for Snapshot<'_> {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.path.push(name.to_string());
-        }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.path.pop();
-        }
+        titan_models::track_module_path!();
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
             let Some(&key) = self.keys.get(&self.path.join(".")) else { return };
             let total = self.acc.get::<D>(p.id).map(titan_kernels::transfer::to_host_f32);
@@ -294,12 +289,7 @@ pub fn finish<M: Module>(
         done: HashSet<ParamId>,
     }
     impl ModuleVisitor for Put<'_> {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.path.push(name.to_string());
-        }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.path.pop();
-        }
+        titan_models::track_module_path!();
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
             let Some(data) = self.keys.get(&self.path.join(".")).and_then(|k| self.reduced.remove(k)) else { return };
             // The accumulated gradient holds this rank's sum; the reduced one replaces it.

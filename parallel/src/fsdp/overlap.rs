@@ -154,12 +154,7 @@ pub fn begin_step<M: Module>(model: &M, sharding: &Sharding, record_trace: bool)
         out: HashMap<u64, Shard>,
     }
     impl ModuleVisitor for Collect<'_> {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.path.push(name.to_string());
-        }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.path.pop();
-        }
+        titan_models::track_module_path!();
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
             let path = self.path.join(".");
             let (Some(&key), Some(layout), Some(&group)) =

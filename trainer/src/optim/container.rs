@@ -189,12 +189,7 @@ struct First<'a> {
 }
 
 impl ModuleMapper for First<'_> {
-    fn enter_module(&mut self, name: &str, _: &str) {
-        self.path.push(name.to_string());
-    }
-    fn exit_module(&mut self, _: &str, _: &str) {
-        self.path.pop();
-    }
+    titan_models::track_module_path!();
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
         let Some(grad) = self.grads.remove::<D>(param.id) else {
             return param;
@@ -233,12 +228,7 @@ struct Second {
 }
 
 impl ModuleMapper for Second {
-    fn enter_module(&mut self, name: &str, _: &str) {
-        self.path.push(name.to_string());
-    }
-    fn exit_module(&mut self, _: &str, _: &str) {
-        self.path.pop();
-    }
+    titan_models::track_module_path!();
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
         match self.updates.remove(&self.path.join(".")) {
             Some((o, lr, wd)) => replace(param, |p| Muon::apply(p, o, lr, wd)),

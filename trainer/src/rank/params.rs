@@ -6,39 +6,19 @@ use titan_checkpoints::{HostTensor, TensorMap};
 use titan_parallel::fsdp::Sharding;
 use titan_parallel::{CommError, Communicator};
 
-#[derive(Default)]
-struct Path(Vec<String>);
-
-impl Path {
-    fn join(&self) -> String {
-        self.0.join(".")
-    }
-}
-
-macro_rules! path_tracking {
-    () => {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.path.0.push(name.to_string());
-        }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.path.0.pop();
-        }
-    };
-}
-
 /// `(path, shape)` of every parameter, in visiting order (no values are materialised).
 pub fn param_shapes<M: Module>(model: &M) -> Vec<(String, Vec<usize>)> {
     struct V {
-        path: Path,
+        path: Vec<String>,
         out: Vec<(String, Vec<usize>)>,
     }
     impl ModuleVisitor for V {
-        path_tracking!();
+        titan_models::track_module_path!();
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
-            self.out.push((self.path.join(), p.lazy_shape().to_vec()));
+            self.out.push((self.path.join("."), p.lazy_shape().to_vec()));
         }
     }
-    let mut v = V { path: Path::default(), out: Vec::new() };
+    let mut v = V { path: Vec::new(), out: Vec::new() };
     model.visit(&mut v);
     v.out
 }
@@ -46,16 +26,16 @@ pub fn param_shapes<M: Module>(model: &M) -> Vec<(String, Vec<usize>)> {
 /// `(id, path)` of every parameter, in visiting order.
 pub fn param_ids<M: Module>(model: &M) -> Vec<(ParamId, String)> {
     struct V {
-        path: Path,
+        path: Vec<String>,
         out: Vec<(ParamId, String)>,
     }
     impl ModuleVisitor for V {
-        path_tracking!();
+        titan_models::track_module_path!();
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
-            self.out.push((p.id, self.path.join()));
+            self.out.push((p.id, self.path.join(".")));
         }
     }
-    let mut v = V { path: Path::default(), out: Vec::new() };
+    let mut v = V { path: Vec::new(), out: Vec::new() };
     model.visit(&mut v);
     v.out
 }
@@ -63,19 +43,19 @@ pub fn param_ids<M: Module>(model: &M) -> Vec<(ParamId, String)> {
 /// Every parameter's values, by path.
 pub fn model_to_tensors<M: Module>(model: &M) -> TensorMap {
     struct V {
-        path: Path,
+        path: Vec<String>,
         out: TensorMap,
     }
     impl ModuleVisitor for V {
-        path_tracking!();
+        titan_models::track_module_path!();
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
             let t = p.val();
             let shape = t.dims().to_vec();
             let data = t.into_data().try_into_vec::<f32>().expect("f32 parameters");
-            self.out.insert(self.path.join(), HostTensor { shape, data });
+            self.out.insert(self.path.join("."), HostTensor { shape, data });
         }
     }
-    let mut v = V { path: Path::default(), out: TensorMap::new() };
+    let mut v = V { path: Vec::new(), out: TensorMap::new() };
     model.visit(&mut v);
     v.out
 }
@@ -92,16 +72,16 @@ pub fn load_model_tensors<M: Module>(
     elsewhere: &dyn Fn(&str) -> bool,
 ) -> Result<M, String> {
     struct L<'a> {
-        path: Path,
+        path: Vec<String>,
         tensors: &'a mut TensorMap,
         device: &'a Device,
         error: Option<String>,
         name: &'a dyn Fn(&str) -> String,
     }
     impl ModuleMapper for L<'_> {
-        path_tracking!();
+        titan_models::track_module_path!();
         fn map_float<const D: usize>(&mut self, p: Param<Tensor<D>>) -> Param<Tensor<D>> {
-            let path = (self.name)(&self.path.join());
+            let path = (self.name)(&self.path.join("."));
             let want = p.lazy_shape().to_vec();
             match self.tensors.remove(&path) {
                 Some(t) if t.shape == want => {
@@ -123,7 +103,7 @@ pub fn load_model_tensors<M: Module>(
             }
         }
     }
-    let mut l = L { path: Path::default(), tensors: &mut tensors, device, error: None, name };
+    let mut l = L { path: Vec::new(), tensors: &mut tensors, device, error: None, name };
     let model = model.map(&mut l);
     if let Some(e) = l.error {
         return Err(format!("{what}: {e}"));
@@ -149,15 +129,15 @@ pub fn set_some_tensors<M: Module>(model: M, tensors: TensorMap, device: &Device
 
 fn replace_tensors<M: Module>(model: M, mut tensors: TensorMap, device: &Device, every: bool) -> M {
     struct S<'a> {
-        path: Path,
+        path: Vec<String>,
         tensors: &'a mut TensorMap,
         device: &'a Device,
         every: bool,
     }
     impl ModuleMapper for S<'_> {
-        path_tracking!();
+        titan_models::track_module_path!();
         fn map_float<const D: usize>(&mut self, p: Param<Tensor<D>>) -> Param<Tensor<D>> {
-            let Some(t) = self.tensors.remove(&self.path.join()) else {
+            let Some(t) = self.tensors.remove(&self.path.join(".")) else {
                 assert!(!self.every, "a value for every parameter");
                 return p;
             };
@@ -167,7 +147,7 @@ fn replace_tensors<M: Module>(model: M, mut tensors: TensorMap, device: &Device,
             Param::from_mapped_value(id, value, mapper)
         }
     }
-    model.map(&mut S { path: Path::default(), tensors: &mut tensors, device, every })
+    model.map(&mut S { path: Vec::new(), tensors: &mut tensors, device, every })
 }
 
 /// Bytes of every parameter as stored on this rank (shards under FSDP).
