@@ -10,10 +10,15 @@ pub fn repo() -> PathBuf {
 }
 
 pub fn titan(args: &[&str]) -> Output {
+    titan_logging(args, "warn")
+}
+
+/// Runs `titan-rs` from the repository with `RUST_LOG` = `level`.
+pub fn titan_logging(args: &[&str], level: &str) -> Output {
     Command::new(env!("CARGO_BIN_EXE_titan-rs"))
         .args(args)
         .current_dir(repo())
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", level)
         .output()
         .expect("run titan-rs")
 }

@@ -218,13 +218,8 @@ fn a_gpu_training_step_moves_only_scalars_and_the_batch() {
          --training.seq_len 32 --training.local_batch_size 2 --warmup 1 --steps 2 --json {}",
         json.display()
     );
-    // Logged at info: `titan` runs with RUST_LOG=warn.
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_titan-rs"))
-        .args(args.split_whitespace())
-        .current_dir(repo())
-        .env("RUST_LOG", "info")
-        .output()
-        .unwrap();
+    // The choice is logged at info.
+    let o = titan_logging(&args.split_whitespace().collect::<Vec<_>>(), "info");
     assert_ok(&o);
     // `model.attention = "auto"` (the default; the other tests here pin "fused"): the attention
     // kernel was chosen by measuring both on the adapter.
