@@ -39,8 +39,10 @@ fn reshard_after_forward_equals_keeping_the_gathered_parameters_bit_for_bit() {
 }
 
 /// Overlap on (FSDP's all-gathers prefetched 0, 1 or 2 blocks ahead and its reduce-scatters
-/// queued on the communication stream; plain DDP's buckets all-reduced as their gradients are
-/// ready) equals overlap off bit for bit: FSDP 2, FSDP 2 × TP 2, HSDP 2 × 2, PP 2 × FSDP 2 (two
+/// queued on the communication stream; HSDP's replica all-reduce after them on the stream;
+/// plain DDP's buckets all-reduced as their gradients are ready) equals overlap off bit for
+/// bit: FSDP 2, FSDP 2 × TP 2, HSDP 2 × 2 (also with gradient accumulation, and × TP 2 where
+/// the norms' gradients are summed over TP first, synchronously), PP 2 × FSDP 2 (two
 /// microbatches per stage), FSDP 2 with gradient accumulation, DDP 2 in 1 MiB buckets (the
 /// tiny model's gradients fill two) and DDP 2 with gradient accumulation, under activation
 /// checkpointing none, full and op-level, resharding after forward or not.
@@ -60,6 +62,8 @@ fn overlapped_collectives_equal_waiting_for_each_bit_for_bit() {
         (format!("{FSDP} --parallelism.tensor_parallel_degree 2"), none),
         (format!("{FSDP} --parallelism.tensor_parallel_degree 2"), op),
         (format!("{FSDP} --parallelism.data_parallel_replicate_degree 2"), full),
+        (format!("{FSDP} --parallelism.data_parallel_replicate_degree 2 --training.global_batch_size 32"), op),
+        (format!("{FSDP} --parallelism.data_parallel_replicate_degree 2 --parallelism.tensor_parallel_degree 2"), none),
         (format!("{FSDP} --parallelism.pipeline_parallel_degree 2"), none),
         (format!("{FSDP} --training.global_batch_size 16"), full),
         (format!("{DDP} --parallelism.ddp_bucket_cap_mb 1"), none),
@@ -200,4 +204,27 @@ fn reshard_after_forward_saves_the_planned_gathered_parameters() {
         assert!((plan / peak - 1.0).abs() <= 0.20, "{report}");
     }
     assert!((saved / plan_saved - 1.0).abs() <= 0.20, "{report}");
+}
+
+/// HSDP's replica all-reduce runs on the communication stream in buckets
+/// (`parallelism.ddp_bucket_cap_mb`), most of them while backward is still running, and the
+/// trace draws them on the stream's lane.
+#[test]
+fn hsdp_replica_all_reduce_runs_on_the_stream_during_backward() {
+    let d = tempfile::tempdir().unwrap();
+    let flags = "--model.flavor debugmodel --parallelism.data_parallel_replicate_degree 2 --parallelism.data_parallel_shard_degree 2 \
+                 --parallelism.ddp_bucket_cap_mb 1 --profiling.enable_profiling true --profiling.profile_freq 3";
+    assert_ok(&run(&tiny_args(d.path(), 3), &flags.split_whitespace().collect::<Vec<_>>()));
+    let path = d.path().join("profile_traces").join("iteration_3").join("rank0_trace.json");
+    let trace: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let span =
+        |e: &serde_json::Value| (e["ts"].as_f64().unwrap(), e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap());
+    let reduces: Vec<_> = events.iter().filter(|e| e["ph"] == "X" && e["name"] == "hsdp.all_reduce").collect();
+    assert!(reduces.iter().all(|e| e["tid"] == 1), "on the stream's lane");
+    // debugmodel's shards (≈ 11 MiB of float32 per rank) make about 11 buckets of 1 MiB.
+    assert!(reduces.len() >= 8, "{} buckets", reduces.len());
+    let backward = events.iter().find(|e| e["ph"] == "X" && e["name"] == "backward stage 0 mb 0").expect("backward span");
+    let during = reduces.iter().filter(|r| span(r).0 < span(backward).1).count();
+    assert!(2 * during > reduces.len(), "{during} of {} buckets began during backward", reduces.len());
 }

@@ -146,13 +146,8 @@ fn hf_models_load_under_every_layout() {
         let mut args = tiny_args(&dump, 3);
         args.extend(hf_flags(&fixture(name)));
         args.extend(format!("{b8} {layout}").split_whitespace().map(String::from));
-        // With the loader's info lines (the shared helper runs at RUST_LOG=warn).
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_titan-rs"))
-            .args(&args)
-            .current_dir(repo())
-            .env("RUST_LOG", "info")
-            .output()
-            .unwrap();
+        // With the loader's info lines (`titan` runs at RUST_LOG=warn).
+        let o = titan_logging(&args.iter().map(String::as_str).collect::<Vec<_>>(), "info");
         assert_ok(&o);
         assert_matches(name, &metric_values(&single), &metric_values(&dump), 1e-5);
         if name == "tied_bf16" {

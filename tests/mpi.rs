@@ -10,6 +10,7 @@ fn mpirun(np: usize, args: &[&str]) -> std::process::Output {
         .args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string(), env!("CARGO_BIN_EXE_titan-rs")])
         .args(args)
         .current_dir(repo())
+        .env(AUTOTUNE.0, AUTOTUNE.1)
         .output()
         .expect("mpirun (install openmpi-bin)")
 }

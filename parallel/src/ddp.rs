@@ -130,6 +130,7 @@ pub fn all_reduce_gradients<M: Module>(
 }
 
 pub mod overlap;
+pub(crate) mod pass_sum;
 
 #[cfg(test)]
 mod tests {

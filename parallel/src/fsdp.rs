@@ -164,5 +164,6 @@ pub fn fully_shard_by<M: Module>(
 }
 
 pub mod overlap;
+mod replica;
 #[cfg(test)]
 mod tests;

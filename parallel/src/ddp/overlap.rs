@@ -15,8 +15,10 @@
 //! path bit for bit (on the CPU; a GPU may flush denormals in its own additions).
 //!
 //! Used where the replica group is the only one a parameter's gradient is reduced over (DDP
-//! without FSDP, TP, CP, EP or PP); HSDP's replica all-reduce stays synchronous.
+//! without FSDP, TP, CP, EP or PP); HSDP's replica all-reduce follows FSDP's reduce-scatters on
+//! FSDP's stream (`fsdp::replica`).
 
+use super::pass_sum::PassSum;
 use crate::comm::stream::{CommStream, Pending, StreamStats};
 use crate::comm::{CommExt, CommResult, Communicator, ReduceOp};
 use burn::module::{Module, ModuleVisitor, Param, ParamId, Reparameterization, Reparameterizer};
@@ -70,28 +72,11 @@ pub fn hook_gradients<M: Module>(model: M) -> (M, BTreeMap<String, u64>) {
     (model, keys)
 }
 
-/// One parameter's gradient in the last pass: the sum so far (accumulator and closed passes),
-/// the open pass's sum, its pass, and how many gradients arrived.
+/// One parameter's gradient in the last pass: its sum so far and how many gradients arrived.
 #[derive(Default)]
 struct Part {
-    total: Option<Vec<f32>>,
-    open: Option<(usize, Vec<f32>)>,
+    sum: PassSum,
     arrived: usize,
-}
-
-fn add(a: &mut [f32], b: &[f32]) {
-    a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
-}
-
-impl Part {
-    fn close_open(&mut self) {
-        if let Some((_, s)) = self.open.take() {
-            match &mut self.total {
-                Some(t) => add(t, &s),
-                None => self.total = Some(s),
-            }
-        }
-    }
 }
 
 type Job = Pending<CommResult<Vec<f32>>>;
@@ -162,7 +147,7 @@ pub fn begin_last_pass<M: Module>(model: &M, keys: &BTreeMap<String, u64>, acc: 
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
             let Some(&key) = self.keys.get(&self.path.join(".")) else { return };
             let total = self.acc.get::<D>(p.id).map(titan_kernels::transfer::to_host_f32);
-            self.out.insert(key, Part { total, ..Part::default() });
+            self.out.insert(key, Part { sum: PassSum::from_total(total), arrived: 0 });
         }
     }
     STATE.with(|s| {
@@ -222,18 +207,10 @@ pub(crate) fn on_grad(key: u64, grad: impl FnOnce() -> Vec<f32>) {
         let Some(o) = s.as_mut().filter(|o| o.armed && !o.counting) else { return };
         let (epoch, reads) = (o.epoch, o.reads.get(&key).copied().unwrap_or(0));
         let Some(part) = o.parts.get_mut(&key) else { return };
-        let g = grad();
-        match &mut part.open {
-            Some((e, s)) if *e == epoch => add(s, &g),
-            _ => {
-                part.close_open();
-                part.open = Some((epoch, g));
-            }
-        }
+        part.sum.add(epoch, grad());
         part.arrived += 1;
         if part.arrived == reads {
-            part.close_open();
-            let total = part.total.take().expect("a completed gradient");
+            let total = part.sum.take().expect("a completed gradient");
             o.bucket.push((key, total.len()));
             o.data.extend_from_slice(&total);
             if o.data.len() * 4 >= o.bucket_bytes {

@@ -14,11 +14,17 @@
 //!   the synchronous path would (the contributions of one backward pass summed first, then
 //!   added to the accumulator), so the numbers are bit for bit those of the synchronous path.
 //!
+//! - **HSDP's replica all-reduce** ([`super::replica`], when enabled with the replica group):
+//!   in the step's last backward pass each completed gradient is all-reduced over the replicas
+//!   on the same stream, in buckets, while backward goes on.
+//!
 //! Every rank of a shard group gathers and reduces the same parameters in the same order (the
 //! same program on the same model), and the stream runs jobs in submission order, so the
-//! collective order on each duplicated group is the same on every rank. Collectives outside
-//! FSDP (TP, CP, EP, the replicas' all-reduce) stay synchronous on the rank's own groups.
+//! collective order on each duplicated group is the same on every rank. Other collectives (TP,
+//! CP, EP, the all-reduce of gradients that TP leaves partial) stay synchronous on the rank's
+//! own groups.
 
+use super::replica::{Reduced, Replica};
 use crate::comm::stream::{CommStream, Pending, StreamStats};
 use crate::comm::{CommError, CommExt, CommResult, Communicator, ReduceOp};
 use crate::fsdp::Sharding;
@@ -27,11 +33,11 @@ use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 type Reader = Arc<dyn Fn() -> Vec<f32> + Send + Sync>;
-type Job = Pending<CommResult<Vec<f32>>>;
+pub(super) type Job = Pending<CommResult<Vec<f32>>>;
 
 /// One sharded parameter as this step sees it.
 struct Shard {
@@ -46,6 +52,8 @@ struct Shard {
     numel: usize,
     /// Part of a transformer block (its unit is the block).
     in_block: bool,
+    /// Its gradient is all-reduced over the replicas next (HSDP), on the stream.
+    replicated: bool,
 }
 
 /// A queued reduce-scatter: which backward pass (epoch) produced it, for which parameter; its
@@ -58,6 +66,8 @@ struct GradJob {
     job: Result<Job, CommResult<Vec<f32>>>,
     /// The padded gradient the queued job holds (host bytes).
     bytes: usize,
+    /// Its result went into the parameter's replica sum (HSDP), not back to the trainer.
+    summed: bool,
 }
 
 struct Overlap {
@@ -83,6 +93,8 @@ struct Overlap {
     queue_limit: usize,
     /// `grads[..waited]` hold their results.
     waited: usize,
+    /// HSDP: the replica all-reduce on this stream.
+    replica: Option<Replica>,
 }
 
 thread_local! {
@@ -92,12 +104,17 @@ thread_local! {
 /// Turns overlap on for this rank (on its own thread): starts the stream and duplicates each
 /// shard group (collective: every rank passes its groups in the same order). `depth`: units
 /// gathered ahead of the one being read (0: a unit's parameters together, nothing further).
-pub fn enable(groups: &[&GroupHandle], depth: usize) -> CommResult<()> {
+/// `replicas`: under HSDP, the replica group and the bucket size of its overlapped all-reduce.
+pub fn enable(groups: &[&GroupHandle], depth: usize, replicas: Option<(&dyn Communicator, usize)>) -> CommResult<()> {
     let mut comms = HashMap::new();
     for g in groups {
         let dup = with_group(g.id(), |c| c.duplicate())?;
         comms.insert(g.id(), Arc::<dyn Communicator>::from(dup));
     }
+    let replica = match replicas {
+        Some((c, bucket_bytes)) => Some(Replica::new(c.duplicate()?.into(), bucket_bytes)),
+        None => None,
+    };
     let stream = CommStream::new("titan-rs comm stream");
     STATE.with(|s| {
         *s.borrow_mut() = Some(Overlap {
@@ -116,6 +133,7 @@ pub fn enable(groups: &[&GroupHandle], depth: usize) -> CommResult<()> {
             queued: 0,
             queue_limit: 0,
             waited: 0,
+            replica,
         })
     });
     Ok(())
@@ -145,13 +163,16 @@ fn unit_of(path: &str) -> String {
 }
 
 /// Arms the step: registers the current shard of every FSDP parameter of `model` (the
-/// optimizer replaced them since the last step). Nothing when overlap is off.
-pub fn begin_step<M: Module>(model: &M, sharding: &Sharding, record_trace: bool) {
+/// optimizer replaced them since the last step). `replicated`: the parameters whose gradient
+/// only the replica all-reduce completes (HSDP overlaps it; the others stay synchronous).
+/// Nothing when overlap is off.
+pub fn begin_step<M: Module>(model: &M, sharding: &Sharding, record_trace: bool, replicated: &dyn Fn(ParamId) -> bool) {
     struct Collect<'a> {
         path: Vec<String>,
         sharding: &'a Sharding,
         units: HashMap<String, usize>,
         out: HashMap<u64, Shard>,
+        replicated: &'a dyn Fn(ParamId) -> bool,
     }
     impl ModuleVisitor for Collect<'_> {
         titan_models::track_module_path!();
@@ -172,14 +193,24 @@ pub fn begin_step<M: Module>(model: &M, sharding: &Sharding, record_trace: bool)
                 Arc::new(move || t.clone().into_data().convert::<f32>().try_into_vec::<f32>().expect("float32 shard"));
             self.out.insert(
                 key,
-                Shard { read, group, rows: layout.rows, chunk: layout.chunk, unit, param: p.id, numel, in_block },
+                Shard {
+                    read,
+                    group,
+                    rows: layout.rows,
+                    chunk: layout.chunk,
+                    unit,
+                    param: p.id,
+                    numel,
+                    in_block,
+                    replicated: (self.replicated)(p.id),
+                },
             );
         }
     }
     STATE.with(|s| {
         let mut s = s.borrow_mut();
         let Some(o) = s.as_mut() else { return };
-        let mut c = Collect { path: Vec::new(), sharding, units: HashMap::new(), out: HashMap::new() };
+        let mut c = Collect { path: Vec::new(), sharding, units: HashMap::new(), out: HashMap::new(), replicated };
         model.visit(&mut c);
         o.shards = c.out;
         // The bound counts in transformer blocks (the largest); a parameter outside them (the
@@ -198,7 +229,32 @@ pub fn begin_step<M: Module>(model: &M, sharding: &Sharding, record_trace: bool)
         o.issued.clear();
         o.next_issue = 0;
         o.epoch = 0;
+        if let Some(r) = o.replica.as_mut() {
+            r.begin_step();
+        }
         o.stream.record_events(record_trace);
+    });
+}
+
+/// The step's last backward pass is next (HSDP: its forward counts each parameter's gathers,
+/// the gradients its backward will bring).
+pub fn begin_last_pass() {
+    STATE.with(|s| {
+        if let Some(o) = s.borrow_mut().as_mut().filter(|o| o.armed) {
+            let epoch = o.epoch;
+            if let Some(r) = o.replica.as_mut() {
+                r.begin_last_pass(epoch);
+            }
+        }
+    });
+}
+
+/// The forward of the last pass is over (a recompute's gathers in backward are not counted).
+pub fn end_forward() {
+    STATE.with(|s| {
+        if let Some(r) = s.borrow_mut().as_mut().and_then(|o| o.replica.as_mut()) {
+            r.end_forward();
+        }
     });
 }
 
@@ -252,6 +308,9 @@ pub(crate) fn gather(key: u64, shard: impl FnOnce() -> Vec<f32>) -> Option<CommR
         let o = s.as_mut().filter(|o| o.armed && o.shards.contains_key(&key))?;
         let i = o.now.len();
         o.now.push(key);
+        if let Some(r) = o.replica.as_mut() {
+            r.count_gather(key);
+        }
         if !o.diverged && !o.last.is_empty() && o.last.get(i) != Some(&key) {
             o.diverged = true; // another order than last step: no more prefetching this step
         }
@@ -285,14 +344,30 @@ pub(crate) fn reduce_scatter(
         let mut data = grad();
         data.resize(chunk * n * inner, 0.0);
         let bytes = data.len() * 4;
+        // HSDP: float32 gradients are summed on the stream for its replica all-reduce.
+        let epoch = o.epoch;
+        let sum = match (o.replica.as_mut(), o.shards[&key].replicated && dtype == burn::tensor::DType::F32) {
+            (Some(r), true) => Some(r.sum_of(key)),
+            _ => None,
+        };
+        let summed = sum.is_some();
         let job = o.stream.submit("fsdp.reduce_scatter", bytes, move || {
             let mut out = vec![0f32; chunk * inner];
             comm.reduce_scatter(&data, &mut out, ReduceOp::Sum)?;
-            Ok(out)
+            match sum {
+                Some(sum) => {
+                    sum.lock().expect("gradient sum").add(epoch, out);
+                    Ok(Vec::new())
+                }
+                None => Ok(out),
+            }
         });
+        if let (true, Some(r)) = (summed, o.replica.as_mut()) {
+            r.queued(key, epoch, chunk * inner, &o.stream);
+        }
         let mut shard_shape = shape.to_vec();
         shard_shape[0] = chunk;
-        o.grads.push(GradJob { epoch: o.epoch, key, shape: shard_shape, dtype, job: Ok(job), bytes });
+        o.grads.push(GradJob { epoch, key, shape: shard_shape, dtype, job: Ok(job), bytes, summed });
         o.queued += bytes;
         // Over the bound: wait for the oldest queued ones (their results are kept).
         let mut i = o.waited;
@@ -324,9 +399,15 @@ pub fn seal_epoch() {
 /// Ends the armed step: waits for the queued reduce-scatters and adds them to `acc` (per
 /// parameter, the contributions of each backward pass summed in order, then added to the
 /// accumulator in order — as the synchronous path's autodiff and accumulation do), waits out
-/// unused prefetches, and keeps this step's gather order for the next. Returns what the
-/// stream did (busy, exposed, its trace events); `None` when overlap is off.
-pub fn end_step<M: Module>(model: &M, acc: &mut GradientsParams) -> CommResult<Option<StreamStats>> {
+/// unused prefetches, and keeps this step's gather order for the next. Under HSDP the
+/// gradients the stream all-reduced over the replicas go into `acc` final and their parameters
+/// into `all_reduced` (the synchronous all-reduce skips them). Returns what the stream did
+/// (busy, exposed, its trace events); `None` when overlap is off.
+pub fn end_step<M: Module>(
+    model: &M,
+    acc: &mut GradientsParams,
+    all_reduced: &mut HashSet<ParamId>,
+) -> CommResult<Option<StreamStats>> {
     let taken = STATE.with(|s| {
         let mut s = s.borrow_mut();
         let o = s.as_mut()?;
@@ -337,6 +418,7 @@ pub fn end_step<M: Module>(model: &M, acc: &mut GradientsParams) -> CommResult<O
         let params: HashMap<u64, ParamId> = o.shards.iter().map(|(k, s)| (*k, s.param)).collect();
         o.shards.clear();
         let mut results = Vec::with_capacity(grads.len());
+        let mut summed = HashMap::new();
         let mut first_error = None;
         for g in grads {
             let result = match g.job {
@@ -344,6 +426,9 @@ pub fn end_step<M: Module>(model: &M, acc: &mut GradientsParams) -> CommResult<O
                 Err(done) => done,
             };
             match result {
+                Ok(_) if g.summed => {
+                    summed.insert(g.key, (g.shape, g.dtype));
+                }
                 Ok(data) => results.push((params[&g.key], g.epoch, g.shape, g.dtype, data)),
                 Err(e) => {
                     first_error.get_or_insert(e);
@@ -355,9 +440,24 @@ pub fn end_step<M: Module>(model: &M, acc: &mut GradientsParams) -> CommResult<O
                 first_error.get_or_insert(e);
             }
         }
-        Some((results, first_error, o.stream.take_stats()))
+        // HSDP: each summed gradient, all-reduced over the replicas or this rank's sum alone.
+        let mut replicas = Vec::new();
+        if let Some(r) = o.replica.as_mut() {
+            match r.finish(&o.stream) {
+                Ok(out) => {
+                    for (key, reduced) in out {
+                        let (shape, dtype) = summed.remove(&key).expect("a summed gradient's shape");
+                        replicas.push((params[&key], shape, dtype, reduced));
+                    }
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        Some((results, replicas, first_error, o.stream.take_stats()))
     });
-    let Some((results, error, stats)) = taken else { return Ok(None) };
+    let Some((results, replicas, error, stats)) = taken else { return Ok(None) };
     if let Some(e) = error {
         return Err(e);
     }
@@ -365,14 +465,41 @@ pub fn end_step<M: Module>(model: &M, acc: &mut GradientsParams) -> CommResult<O
     for (id, epoch, shape, dtype, data) in results {
         by_param.entry(id).or_default().push((epoch, shape, dtype, data));
     }
+    // HSDP: a gradient all-reduced over the replicas is final (only this function brings a
+    // sharded parameter's gradient into the accumulator); this rank's sum alone joins it as one
+    // pass's would, for the synchronous all-reduce.
+    let mut finals = HashMap::new();
+    for (id, shape, dtype, reduced) in replicas {
+        match reduced {
+            Reduced::Done(data) => {
+                finals.insert(id, (shape, dtype, data));
+            }
+            Reduced::Local(data) => by_param.entry(id).or_default().push((usize::MAX, shape, dtype, data)),
+        }
+    }
     struct Add<'a> {
         acc: &'a mut GradientsParams,
         by_param: HashMap<ParamId, Vec<(usize, Vec<usize>, burn::tensor::DType, Vec<f32>)>>,
+        finals: HashMap<ParamId, (Vec<usize>, burn::tensor::DType, Vec<f32>)>,
+        all_reduced: &'a mut HashSet<ParamId>,
     }
     impl ModuleVisitor for Add<'_> {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
-            let Some(parts) = self.by_param.remove(&p.id) else { return };
             let device = p.val().device();
+            let to_device = |shape: Vec<usize>, dtype, data| {
+                let shape: [usize; D] = shape.try_into().expect("gradient rank");
+                let data = TensorData::new(data, shape).convert_dtype(dtype);
+                titan_kernels::transfer::to_device::<D, Float>(data, &device).inner()
+            };
+            if let Some((shape, dtype, data)) = self.finals.remove(&p.id) {
+                if self.acc.get::<D>(p.id).is_none() {
+                    self.acc.register::<D>(p.id, to_device(shape, dtype, data));
+                    self.all_reduced.insert(p.id);
+                    return;
+                }
+                self.finals.insert(p.id, (shape, dtype, data)); // reported below
+            }
+            let Some(parts) = self.by_param.remove(&p.id) else { return };
             let mut epoch_sum: Option<(usize, Tensor<D>)> = None;
             let flush = |acc: &mut GradientsParams, g: Tensor<D>| {
                 let sum = match acc.remove::<D>(p.id) {
@@ -382,9 +509,7 @@ pub fn end_step<M: Module>(model: &M, acc: &mut GradientsParams) -> CommResult<O
                 acc.register::<D>(p.id, sum);
             };
             for (epoch, shape, dtype, data) in parts {
-                let shape: [usize; D] = shape.try_into().expect("gradient rank");
-                let data = TensorData::new(data, shape).convert_dtype(dtype);
-                let g = titan_kernels::transfer::to_device::<D, Float>(data, &device).inner();
+                let g = to_device(shape, dtype, data);
                 epoch_sum = match epoch_sum.take() {
                     Some((e, s)) if e == epoch => Some((e, s + g)),
                     Some((_, s)) => {
@@ -399,10 +524,12 @@ pub fn end_step<M: Module>(model: &M, acc: &mut GradientsParams) -> CommResult<O
             }
         }
     }
-    let mut add = Add { acc, by_param };
+    let mut add = Add { acc, by_param, finals, all_reduced };
     model.visit(&mut add);
-    if let Some((id, _)) = add.by_param.iter().next() {
-        return Err(CommError::Invalid(format!("reduce-scattered gradient of parameter {id} not in the model")));
+    if let Some(id) = add.by_param.keys().chain(add.finals.keys()).next() {
+        return Err(CommError::Invalid(format!(
+            "reduce-scattered gradient of parameter {id} not in the model, or already in the accumulated gradients"
+        )));
     }
     Ok(Some(stats))
 }

@@ -195,14 +195,8 @@ impl Placement {
         done: &HashSet<ParamId>,
     ) -> Result<()> {
         if let Some(tp) = &self.tp {
-            // Partial per TP rank: what saw only this rank's positions or heads — replicated
-            // parameters under sequence parallelism, MoE and QK-norm parameters always — except
-            // the EP-split experts (their dispatch already brought every rank's tokens).
-            let sp = tp.replicated_grads_are_partial();
-            let partial = |id: ParamId| {
-                !self.tp_split.contains(&id) && !self.ep_split.contains(&id) && (sp || self.tp_partial.contains(&id))
-            };
-            if sp || !self.tp_partial.is_empty() {
+            if tp.replicated_grads_are_partial() || !self.tp_partial.is_empty() {
+                let partial = |id| self.partial_over_tp(id);
                 with_group(tp.group.id(), |c| all_reduce_gradients(model, acc, c, self.bucket_bytes, &partial))?;
             }
         }
@@ -210,6 +204,17 @@ impl Placement {
             all_reduce_gradients(model, acc, replicate.as_ref(), self.bucket_bytes, &|id| !done.contains(&id))?;
         }
         Ok(())
+    }
+
+    /// Whether parameter `id`'s gradient is partial per TP rank (summed over TP before the
+    /// replicas): what saw only this rank's positions or heads — replicated parameters under
+    /// sequence parallelism, MoE and QK-norm parameters always — except the EP-split experts
+    /// (their dispatch already brought every rank's tokens).
+    pub fn partial_over_tp(&self, id: ParamId) -> bool {
+        let Some(tp) = &self.tp else { return false };
+        !self.tp_split.contains(&id)
+            && !self.ep_split.contains(&id)
+            && (tp.replicated_grads_are_partial() || self.tp_partial.contains(&id))
     }
 
     /// The norm of the whole gradient, every parameter counted once: TP-split parameters' squares

@@ -284,8 +284,10 @@ pub fn run_schedule(
             }
             Action::Backward { stage, microbatch: m } => {
                 let _span = titan_profiling::span_with(|| format!("backward stage {stage} mb {m}"), "backward");
-                // DDP's overlap counted the parameter reads of the last forward; not a recompute's.
+                // DDP's and HSDP's overlap counted the parameter reads of the last forward; not a
+                // recompute's.
                 titan_parallel::ddp::overlap::end_forward();
+                titan_parallel::fsdp::overlap::end_forward();
                 let Some(s) = saved.remove(&(stage, m)) else { bail!("schedule runs backward before forward") };
                 let (x, root, tape) = match s {
                     Saved::Loss(x, loss, tape) => (x, loss, tape),

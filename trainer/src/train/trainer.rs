@@ -183,7 +183,13 @@ impl Trainer {
         let (model, placement) = parallelize(&cfg, stages, &rank);
         if placement.fsdp.is_some() && cfg.parallelism.overlap_collectives {
             let groups: Vec<_> = [&rank.fsdp, &rank.efsdp].into_iter().flatten().collect();
-            titan_parallel::fsdp::overlap::enable(&groups, cfg.parallelism.fsdp_prefetch_depth)?;
+            // HSDP's replica all-reduce joins the stream too (not under PP: its schedule
+            // interleaves the microbatches' passes).
+            let replicas = match (&rank.replicate, &rank.pp) {
+                (Some(r), None) => Some((r.as_ref(), placement.bucket_bytes)),
+                _ => None,
+            };
+            titan_parallel::fsdp::overlap::enable(&groups, cfg.parallelism.fsdp_prefetch_depth, replicas)?;
         }
         if let (Some(_), Some(replicate)) = (&placement.ddp_hooks, &rank.replicate) {
             titan_parallel::ddp::overlap::enable(replicate.as_ref(), placement.bucket_bytes)?;
@@ -327,9 +333,13 @@ impl Trainer {
         let pipeline_start = Instant::now();
         let comm_before = titan_parallel::comm::timing::seconds();
         if let Some(sharding) = &self.placement.fsdp {
-            titan_parallel::fsdp::overlap::begin_step(&self.model, sharding, titan_profiling::is_active());
+            let replica_only = |id| !self.placement.partial_over_tp(id);
+            titan_parallel::fsdp::overlap::begin_step(&self.model, sharding, titan_profiling::is_active(), &replica_only);
         }
         for (i, (batch, docs)) in local.iter().enumerate() {
+            if i + 1 == local.len() {
+                titan_parallel::fsdp::overlap::begin_last_pass();
+            }
             if let (Some(keys), true) = (&self.placement.ddp_hooks, i + 1 == local.len()) {
                 titan_parallel::ddp::overlap::begin_last_pass(&self.model, keys, &acc, titan_profiling::is_active());
             }
@@ -350,11 +360,12 @@ impl Trainer {
         }
         // FSDP's queued reduce-scatters join the gradients and DDP's overlapped all-reduce
         // ends (overlap on; nothing otherwise).
-        let mut stream = titan_parallel::fsdp::overlap::end_step(&self.model, &mut acc)?.unwrap_or_default();
         let mut all_reduced = HashSet::new();
+        let mut stream =
+            titan_parallel::fsdp::overlap::end_step(&self.model, &mut acc, &mut all_reduced)?.unwrap_or_default();
         if let Some(keys) = &self.placement.ddp_hooks {
             if let Some((done, s)) = titan_parallel::ddp::overlap::finish(&self.model, keys, &mut acc)? {
-                all_reduced = done;
+                all_reduced.extend(done);
                 stream.absorb(s);
             }
         }
