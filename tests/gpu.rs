@@ -123,12 +123,13 @@ fn parallel_layouts_on_the_wgpu_adapter_equal_one_gpu_rank() {
 }
 
 /// Expert parallelism on the wgpu adapter (the token all-to-all staged through host memory):
-/// `moe_debug` under EP 2 and EP 2 × TP 2 equals one wgpu rank per step (1e-5 relative, as on
-/// the CPU). It used to be refused on GPU devices.
+/// Qwen3's `tiny_moe` (8 experts, top 2) under EP 2 and EP 2 × TP 2 equals one wgpu rank per
+/// step (1e-5 relative, as on the CPU, where `tests/moe.rs` runs the larger `moe_debug`). It
+/// used to be refused on GPU devices.
 #[test]
 fn expert_parallel_on_the_wgpu_adapter_equals_one_gpu_rank() {
     let d = tempfile::tempdir().unwrap();
-    let base = "--model.flavor moe_debug --training.device wgpu --model.attention fused";
+    let base = "--model.name qwen3 --model.flavor tiny_moe --training.device wgpu --model.attention fused";
     let one = layout_run(&d.path().join("one"), &format!("{base} --parallelism.data_parallel_shard_degree 1 --training.local_batch_size 4"), 2);
     for (name, flags) in [
         ("EP 2", "--nproc 2 --parallelism.data_parallel_shard_degree 2 --parallelism.expert_parallel_degree 2 --training.local_batch_size 2"),
