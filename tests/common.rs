@@ -46,7 +46,7 @@ pub fn assert_clean_error(o: &Output, needles: &[&str]) -> String {
 
 pub fn assert_ok(o: &Output) -> String {
     let (out, err) = text(o);
-    assert!(o.status.success(), "titan-rs failed\nstdout:\n{out}\nstderr:\n{err}");
+    assert!(o.status.success(), "titan-rs failed ({})\nstdout:\n{out}\nstderr:\n{err}", o.status);
     out
 }
 

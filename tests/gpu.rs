@@ -58,25 +58,38 @@ fn moe_training_on_the_wgpu_adapter_matches_the_cpu_run() {
 /// Qwen3 (QK-norm: the fused RMSNorm kernel over each head; heads wider than dim / heads),
 /// Qwen3-MoE and DeepSeek-V3 (latent attention, group-limited routing) on the adapter follow the
 /// CPU run within 1e-5; Qwen3 under FSDP 2 × TP 2 on GPU ranks (the QK-norm gradients summed
-/// over TP) equals one GPU rank.
+/// over TP) equals one GPU rank. Qwen3-MoE runs with `model.attention = "auto"` on the adapter:
+/// the grouped expert GEMM (and attention) are chosen by measurement, logged, and the run still
+/// follows the CPU's.
 #[test]
 fn other_families_on_the_wgpu_adapter_match_the_cpu_run() {
     let d = tempfile::tempdir().unwrap();
-    let base = "--training.global_batch_size 4 --model.attention fused";
+    let base = "--training.global_batch_size 4";
     let mut one_gpu = Vec::new();
     for (family, flavor) in [("qwen3", "tiny"), ("qwen3", "tiny_moe"), ("deepseek_v3", "tiny")] {
         let flags =
             format!("{base} --model.name {family} --model.flavor {flavor} --parallelism.data_parallel_shard_degree 1");
-        let cpu = layout_run(&d.path().join(format!("{family}-{flavor}-cpu")), &flags, 2);
-        let gpu =
-            layout_run(&d.path().join(format!("{family}-{flavor}-wgpu")), &format!("{flags} --training.device wgpu"), 2);
+        let cpu = layout_run(&d.path().join(format!("{family}-{flavor}-cpu")), &format!("{flags} --model.attention fused"), 2);
+        let dump = d.path().join(format!("{family}-{flavor}-wgpu"));
+        let gpu = if flavor == "tiny_moe" {
+            let extra = format!("{flags} --model.attention auto --training.device wgpu");
+            let mut args = tiny_args(&dump, 2);
+            args.extend(extra.split_whitespace().map(String::from));
+            let o = titan_logging(&args.iter().map(String::as_str).collect::<Vec<_>>(), "info");
+            assert_ok(&o);
+            let log = String::from_utf8_lossy(&o.stderr);
+            assert!(log.contains("kernel choice: grouped expert GEMM"), "{log}");
+            metric_values(&dump)
+        } else {
+            layout_run(&dump, &format!("{flags} --model.attention fused --training.device wgpu"), 2)
+        };
         assert_matches(&format!("{family} {flavor} wgpu vs cpu"), &cpu, &gpu, 1e-5);
         if (family, flavor) == ("qwen3", "tiny") {
             one_gpu = gpu;
         }
     }
     let mesh = format!(
-        "{base} --model.name qwen3 --model.flavor tiny --training.device wgpu --nproc 4 --parallelism.data_parallel_shard_degree 2 \
+        "{base} --model.attention fused --model.name qwen3 --model.flavor tiny --training.device wgpu --nproc 4 --parallelism.data_parallel_shard_degree 2 \
          --parallelism.tensor_parallel_degree 2 --training.local_batch_size 2"
     );
     assert_matches("qwen3 wgpu FSDP 2 × TP 2", &one_gpu, &layout_run(&d.path().join("mesh"), &mesh, 2), 1e-5);

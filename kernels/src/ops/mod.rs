@@ -196,4 +196,4 @@ pub fn cross_entropy_sum(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

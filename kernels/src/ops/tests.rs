@@ -12,7 +12,7 @@ use rand_distr::StandardNormal;
 const TOL: f32 = 1e-5;
 
 /// The devices with fused kernels in this build (with autodiff).
-fn devices() -> Vec<Device> {
+pub(crate) fn devices() -> Vec<Device> {
     let mut d = vec![Device::flex().autodiff()];
     #[cfg(feature = "wgpu")]
     d.push(Device::wgpu(burn::tensor::DeviceKind::Cpu).autodiff());

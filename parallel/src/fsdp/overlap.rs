@@ -446,8 +446,10 @@ pub fn end_step<M: Module>(
             match r.finish(&o.stream) {
                 Ok(out) => {
                     for (key, reduced) in out {
-                        let (shape, dtype) = summed.remove(&key).expect("a summed gradient's shape");
-                        replicas.push((params[&key], shape, dtype, reduced));
+                        // Missing only where its reduce-scatter failed (that error is returned).
+                        if let Some((shape, dtype)) = summed.remove(&key) {
+                            replicas.push((params[&key], shape, dtype, reduced));
+                        }
                     }
                 }
                 Err(e) => {

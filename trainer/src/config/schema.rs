@@ -51,8 +51,9 @@ section!(Model {
     hf_assets_path: String = "assets/tokenizer".into(),
     /// A `tokenizer.json` path; overrides `hf_assets_path` when set.
     tokenizer_path: String = String::new(),
-    /// auto (fused on the CPU; on GPUs the faster of fused and Burn's, measured per shape) |
-    /// fused (titan-rs kernel where the device has it) | reference (Burn's attention)
+    /// auto (fused on the CPU; on GPUs the faster of fused and Burn's, measured per shape, for
+    /// attention and the MoE grouped GEMM) | fused (titan-rs kernel where the device has it) |
+    /// reference (Burn's attention)
     attention: AttentionChoice = AttentionChoice::Auto,
     /// RMSNorm, SwiGLU, RoPE and cross-entropy: fused (CubeCL kernels on GPU devices) | reference
     kernels: KernelChoice = KernelChoice::Fused,

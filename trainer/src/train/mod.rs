@@ -249,7 +249,8 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
             )
         });
         println!(
-            "model llama3/{}: {} parameters ({:.2} M){moe}, {} layers, dim {}, vocab {}",
+            "model {}/{}: {} parameters ({:.2} M){moe}, {} layers, dim {}, vocab {}",
+            t.args.family,
             cfg.model.flavor,
             n_params,
             n_params as f64 / 1e6,
@@ -379,6 +380,10 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
             break;
         }
     }
+    // The last step's optimizer update is still queued on a GPU device (nothing reads it back):
+    // wait for it, so the process never exits under running kernels (Mesa's software adapter
+    // segfaulted at exit, its LLVM torn down by exit handlers while it compiled a queued shader).
+    t.device.sync().map_err(|e| anyhow!("`training.device` = {}: the device failed to finish the last step: {e:?}", cfg.training.device))?;
     if let Some(dir) = t.wait_for_pending_save()? {
         console(&log, &format!("saved checkpoint {} (written in the background)", dir.display()));
     }
