@@ -4,9 +4,12 @@
 # machine, from the repository root with `gpu-bundle` carried:
 #
 #   scripts/gpu_bench.sh            (= gpu-bundle/run.sh; the report lands in $OUT)
+#   scripts/gpu_bench.sh --backend cuda   (burn's CUDA backend: gpu-bundle-cuda, from package.sh --cuda)
 #   scripts/gpu_bench.sh --dry-run  (here, on Mesa's software adapter)
 set -euo pipefail
 bundle="$(dirname "$0")/../gpu-bundle"
+# The CUDA bundle (`package.sh --cuda`) has its own folder.
+case " $* " in *" cuda "*) bundle="$bundle-cuda" ;; esac
 if [ ! -x "$bundle/run.sh" ]; then
     echo "error: no GPU bundle at $bundle; build it first with scripts/gpu/package.sh (on a machine with Rust), then carry gpu-bundle to the GPU machine" >&2
     exit 1

@@ -11,12 +11,36 @@
 # Writes $OUT/report.json and $OUT/report.md (and $OUT/run.log with every step's output); a step
 # that fails or runs out of time is recorded in both, never a silent stop.
 #
-#   run.sh             on the GPU machine ($OUT: the device tool's output folder)
-#   run.sh --dry-run   here, on Mesa's software adapter, tiny shapes: proves the bundle runs alone
+#   run.sh                  on the GPU machine ($OUT: the device tool's output folder)
+#   run.sh --backend cuda   the same through burn's CUDA backend (`titan-rs-cuda.xz`, the bundle
+#                           `package.sh --cuda` makes; the default there): no Vulkan loaders, bfloat16
+#   run.sh --dry-run        here, on Mesa's software adapter, tiny shapes: proves the bundle runs alone
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 DRY=0
-[ "${1:-}" = "--dry-run" ] && DRY=1
+BACKEND=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --dry-run) DRY=1 ;;
+        --backend) BACKEND=${2:-}; shift ;;
+        *) echo "run.sh: unknown argument $1 (expected --dry-run, --backend wgpu|cuda)" >&2; exit 2 ;;
+    esac
+    shift
+done
+# Without --backend: the binary the bundle holds (package.sh makes one per bundle).
+if [ -z "$BACKEND" ]; then
+    BACKEND=wgpu
+    [ ! -f "$HERE/titan-rs.xz" ] && [ -f "$HERE/titan-rs-cuda.xz" ] && BACKEND=cuda
+fi
+case "$BACKEND" in
+    wgpu) PACKED=titan-rs.xz ;;
+    cuda) PACKED=titan-rs-cuda.xz ;;
+    *) echo "run.sh: --backend $BACKEND: expected wgpu or cuda" >&2; exit 2 ;;
+esac
+if [ ! -f "$HERE/$PACKED" ]; then
+    echo "run.sh: --backend $BACKEND needs $HERE/$PACKED (made by scripts/gpu/package.sh$([ "$BACKEND" = cuda ] && echo " --cuda"))" >&2
+    exit 2
+fi
 OUT=${OUT:-$HERE/out}
 mkdir -p "$OUT"
 LOG="$OUT/run.log"
@@ -49,15 +73,16 @@ step() {
     return "$status"
 }
 
-if ! xz -dc "$HERE/titan-rs.xz" > "$WORK/titan-rs" 2>> "$LOG"; then
-    echo "cannot unpack $HERE/titan-rs.xz" | tee -a "$LOG" >&2
+if ! xz -dc "$HERE/$PACKED" > "$WORK/titan-rs" 2>> "$LOG"; then
+    echo "cannot unpack $HERE/$PACKED" | tee -a "$LOG" >&2
 fi
 chmod +x "$WORK/titan-rs"
 BIN="$WORK/titan-rs"
+echo "backend: $BACKEND ($PACKED)" >> "$LOG"
 
 # The loaders: the machine's own libvulkan, else the carried packages (never on a dry run: this
 # machine's / is not ours to change).
-if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1'; then
+if [ "$BACKEND" = wgpu ] && ! ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1'; then
     if [ "$DRY" -eq 0 ] && ls "$HERE"/debs/*.deb >/dev/null 2>&1; then
         for f in "$HERE"/debs/*.deb; do dpkg -x "$f" /; done
         ldconfig
@@ -67,8 +92,13 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1'; then
     fi
 fi
 NV_ICD=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-step devices 60 "$BIN" devices --json "$WORK/devices.json"
-if [ "$DRY" -eq 0 ] && ! grep -q '"kind": "discrete GPU"' "$WORK/devices.json" 2>/dev/null && [ -f "$NV_ICD" ]; then
+if [ "$BACKEND" = cuda ]; then
+    # cubecl-cuda loads libcuda and NVRTC at run time; the binary's own libraries first.
+    step devices 60 sh -c "nvidia-smi -L && ! ldd '$BIN' | grep -i 'not found'"
+else
+    step devices 60 "$BIN" devices --json "$WORK/devices.json"
+fi
+if [ "$BACKEND" = wgpu ] && [ "$DRY" -eq 0 ] && ! grep -q '"kind": "discrete GPU"' "$WORK/devices.json" 2>/dev/null && [ -f "$NV_ICD" ]; then
     # No GPU adapter through the default ICDs: point the loader at NVIDIA's (device README).
     export VK_DRIVER_FILES=$NV_ICD
     export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
@@ -87,7 +117,7 @@ else
     BIG="--config configs/llama_small.toml --model.flavor 1B --training.local_batch_size 2 --training.seq_len 2048"
     KITERS=10; TRAIN="--warmup 1 --steps 3"; KLIMIT=100; TLIMIT=75; BLIMIT=90; PLIMIT=60
 fi
-COMMON="--training.device wgpu --checkpoint.enable false"
+COMMON="--training.device $BACKEND --checkpoint.enable false"
 ONE="--parallelism.data_parallel_shard_degree 1"
 # PyTorch eager on the same GPU, same shapes, alternated with titan-rs inside each `bench train`
 # (`--baseline pytorch --rounds 1`: same run, ratio in the table), where the image has it.
@@ -99,7 +129,7 @@ fi
 step kernels "$KLIMIT" "$BIN" bench kernels $SHAPE $COMMON $ONE --iters "$KITERS" --peak-gbs 4300 --peak-tflops 790 \
     --json "$WORK/kernels.json"
 HALF=bfloat16
-if ! grep -A12 '"chosen": true' "$WORK/devices.json" 2>/dev/null | grep -q '"bfloat16": true'; then
+if [ "$BACKEND" = wgpu ] && ! grep -A12 '"chosen": true' "$WORK/devices.json" 2>/dev/null | grep -q '"bfloat16": true'; then
     HALF=float16
     echo "the adapter does not compute in bfloat16: the half-precision runs use float16" >> "$LOG"
 fi
@@ -127,6 +157,7 @@ json_or_null() { if [ -s "$1" ]; then cat "$1"; else echo null; fi; }
     echo "  \"dry_run\": $([ "$DRY" -eq 1 ] && echo true || echo false),"
     echo "  \"date\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\","
     echo "  \"host\": \"$(uname -srm)\","
+    echo "  \"backend\": \"$BACKEND\","
     echo "  \"steps\": [$STEPS_JSON],"
     echo "  \"devices\": $(json_or_null "$WORK/devices.json"),"
     echo "  \"kernels\": $(json_or_null "$WORK/kernels.json"),"
@@ -142,7 +173,7 @@ section() { sed -n "/^=== $1 (limit/,/^=== $1: exit/p" "$LOG" | grep '^|' ; }
 {
     echo "# titan-rs GPU report$([ "$DRY" -eq 1 ] && echo " (dry run on this machine's software adapter)")"
     echo
-    echo "$(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -srm)"
+    echo "$(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -srm), backend $BACKEND"
     echo
     echo "## Adapters"
     echo

@@ -4,8 +4,9 @@
 //! * `wgpu` / `vulkan` — burn's wgpu backend (build with `--features wgpu`); `vulkan` takes
 //!   Vulkan adapters only. GPUs first; where the only adapter is a software one (Mesa's
 //!   llvmpipe/lavapipe), it is used with a warning — burn's own default-device logic skips those.
-//! * `cuda` — build with `--features cuda` (cubecl's CUDA runtime downloads an LLVM bundle while
-//!   building, so it builds only where that download works). Same CubeCL kernels as wgpu.
+//! * `cuda` — build with `--features cuda` after `scripts/gpu/cuda_llvm.sh` (cubecl's CUDA
+//!   runtime compiles kernels through LLVM 23.1's NVPTX back end, which its build would otherwise
+//!   download). Same CubeCL kernels as wgpu.
 //!
 //! A device that is asked for and missing is an error that lists what there is.
 
@@ -184,12 +185,35 @@ fn wgpu_device(name: &str, _index: Option<usize>, _local_rank: usize) -> Result<
     bail!("`training.device` = {name:?}: this titan-rs was built without GPU support; rebuild with `cargo build --release -p titan-rs --features wgpu`, or use `training.device = \"cpu\"`")
 }
 
+/// CUDA GPU `index`; its name (from `nvidia-smi`, when there) names the adapter for the MFU
+/// peak table, as wgpu's adapter name does.
 #[cfg(feature = "cuda")]
 fn cuda_device(index: usize) -> Result<Device> {
+    // cubecl-cuda loads the driver on its device thread and panics there when it is missing:
+    // look first, and say so plainly.
+    // SAFETY: dlopen/dlclose of the driver library by a NUL-terminated name; nothing is called.
+    let driver = unsafe {
+        let h = libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
+        if !h.is_null() {
+            libc::dlclose(h);
+        }
+        !h.is_null()
+    };
+    if !driver {
+        bail!("`training.device` = \"cuda\": no NVIDIA driver here (libcuda.so.1 cannot be loaded); install the driver or add its folder to LD_LIBRARY_PATH, or use \"wgpu\" / \"cpu\"");
+    }
+    let name = std::process::Command::new("nvidia-smi")
+        .args(["--query-gpu=name", "--format=csv,noheader", &format!("--id={index}")])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|n| !n.is_empty());
+    *ADAPTER.lock().unwrap_or_else(|p| p.into_inner()) = name;
     Ok(Device::cuda(index))
 }
 
 #[cfg(not(feature = "cuda"))]
 fn cuda_device(_index: usize) -> Result<Device> {
-    bail!("`training.device` = \"cuda\": this titan-rs was built without CUDA; rebuild with `--features cuda` (cubecl's CUDA runtime downloads an LLVM bundle while building), or use \"wgpu\"")
+    bail!("`training.device` = \"cuda\": this titan-rs was built without CUDA; rebuild with `--features cuda` after `scripts/gpu/cuda_llvm.sh` (installs the LLVM 23.1 its build needs, from PyPI), or use \"wgpu\"")
 }
