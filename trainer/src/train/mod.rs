@@ -265,6 +265,7 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
         }
     }
     if t.step >= steps {
+        sync_device(&t, &cfg)?;
         if logs {
             println!(
                 "already trained to step {} (training.steps = {steps}); raise --training.steps to continue",
@@ -380,10 +381,7 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
             break;
         }
     }
-    // The last step's optimizer update is still queued on a GPU device (nothing reads it back):
-    // wait for it, so the process never exits under running kernels (Mesa's software adapter
-    // segfaulted at exit, its LLVM torn down by exit handlers while it compiled a queued shader).
-    t.device.sync().map_err(|e| anyhow!("`training.device` = {}: the device failed to finish the last step: {e:?}", cfg.training.device))?;
+    sync_device(&t, &cfg)?;
     if let Some(dir) = t.wait_for_pending_save()? {
         console(&log, &format!("saved checkpoint {} (written in the background)", dir.display()));
     }
@@ -403,6 +401,14 @@ fn run_rank(cfg: JobConfig, rank: RankContext, log_rank: usize) -> Result<Summar
         }
     }
     Ok(Summary { logs, last_step: t.step, final_loss: log.history.last().map(|h| h.1), final_val_loss: final_val })
+}
+
+/// Waits for the rank's device: the last step's optimizer update (or a loaded checkpoint's upload)
+/// is still queued on a GPU device when nothing reads it back, and the process must never exit
+/// under running kernels (Mesa's software adapter segfaulted at exit, its LLVM torn down by exit
+/// handlers while it compiled a queued shader).
+fn sync_device(t: &Trainer, cfg: &JobConfig) -> Result<()> {
+    t.device.sync().map_err(|e| anyhow!("`training.device` = {}: the device failed to finish its work: {e:?}", cfg.training.device))
 }
 
 #[cfg(test)]
