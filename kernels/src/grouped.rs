@@ -262,10 +262,9 @@ mod tests {
         (a.to_device(&b.device()) - b).abs().max().into_scalar()
     }
 
-    /// The fused kernels (the CPU's and, with `wgpu`, the tiled CubeCL ones on the software
-    /// adapter) equal the per-group reference on the CPU in value and in both gradients, with
-    /// empty groups first, in the middle and last, and groups that start and end inside the
-    /// CubeCL kernels' 16-row blocks.
+    /// The fused kernels (the CPU's and, with `wgpu`, the CubeCL ones on the software adapter)
+    /// equal the per-group reference on the CPU in value and in both gradients, with empty
+    /// groups first, in the middle and last, and groups of sizes that are not multiples of 16.
     #[test]
     fn grouped_kernel_matches_the_per_group_reference() {
         let cpu = Device::flex().autodiff();
