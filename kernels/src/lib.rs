@@ -131,9 +131,9 @@ pub fn linear(x: Tensor<2>, w: Tensor<2>, fused: bool) -> Tensor<2> {
     x.matmul(w)
 }
 
-/// One AdamW update `(p', m', v')` of a flattened parameter, its gradient and moments: on the
-/// CPU one fused pass ([`host::adamw`]); elsewhere (where Burn's fusion merges the element-wise
-/// ops) and with `fused = false` the composed ops.
+/// One AdamW update `(p', m', v')` of a flattened parameter, its gradient and moments: one
+/// fused pass on the CPU ([`host::adamw`]) and on CubeCL devices (`cube::adamw`); with
+/// `fused = false` the composed ops.
 pub fn adamw(
     p: Tensor<1>,
     g: Tensor<1>,
@@ -142,20 +142,20 @@ pub fn adamw(
     h: ops::AdamWStep,
     fused: bool,
 ) -> (Tensor<1>, Tensor<1>, Tensor<1>) {
-    if fused && has_kernels(&p.device()) && !on_cube(&p.device()) {
+    if fused && has_kernels(&p.device()) {
         return ops::adamw(p, g, m, v, h);
     }
     reference::adamw(p, g, m, v, h)
 }
 
-/// `Σ x²` over every element, in f64 on the CPU (one read, the same result for any thread
-/// count; the gradient norm's squares), else Burn's square and sum.
+/// `Σ x²` over every element: in f64 on the CPU (one read, the same result for any thread
+/// count; the gradient norm's squares), in two fixed passes of f32 partial sums on CubeCL
+/// devices ([`start_sum_squares`]), else Burn's square and sum.
 pub fn sum_squares<const D: usize>(x: Tensor<D>) -> f64 {
-    if has_kernels(&x.device()) && !on_cube(&x.device()) {
-        return ops::sum_squares(x);
+    match start_sum_squares(x) {
+        SumSquares::Host(v) => v,
+        d => resolve_sum_squares(vec![d])[0],
     }
-    let s: f32 = x.square().sum().into_scalar();
-    s as f64
 }
 
 /// A squared L2 norm being computed: on the CPU already summed on the host (as
@@ -166,14 +166,18 @@ pub enum SumSquares {
 }
 
 /// Starts `Σ x²` of `x` (see [`SumSquares`]); [`resolve_sum_squares`] finishes many at once.
-/// `x` is not flattened first: on burn's wgpu backend (fusion on), `reshape([n])` followed by
-/// `square().sum()` gave wrong sums for some gradients (moe_debug's step-1 gradient norm 1.25
-/// instead of 1.66), while the sum over the unreshaped tensor is right.
+/// On CubeCL devices titan-rs's own two-pass kernel, not Burn's `square().sum()`: on Mesa's
+/// software adapter Burn's sums over more than ≈ 2¹⁸ elements came out wrong (10⁶ squares of
+/// normal values: 261 303 instead of 998 623 — earlier seen as moe_debug's step-1 gradient norm
+/// 1.25 instead of 1.66), and they may add partials with atomics in a varying order.
 pub fn start_sum_squares<const D: usize>(x: Tensor<D>) -> SumSquares {
     if on_cube(&x.device()) {
-        SumSquares::Device(x.square().sum())
+        SumSquares::Device(ops::sum_squares(x))
+    } else if has_kernels(&x.device()) {
+        SumSquares::Host(ops::sum_squares(x).into_scalar::<f64>())
     } else {
-        SumSquares::Host(sum_squares(x))
+        let s: f32 = x.square().sum().into_scalar();
+        SumSquares::Host(s as f64)
     }
 }
 

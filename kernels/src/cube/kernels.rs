@@ -1,74 +1,9 @@
-//! The CubeCL kernels. Correctness-first: one thread per row (norms, attention rows, loss rows)
-//! or per element, f32 accumulation in the tensor's float type; the launch side lives in
-//! [`super::launch`].
+//! The element-wise CubeCL kernels (SwiGLU, RoPE, the cross-entropy's backward), attention
+//! (one thread per query or key row) and the grouped expert GEMM, accumulating in the tensor's
+//! float type; the row reductions are in [`super::rows`], AdamW in [`super::adamw`], the
+//! launch side in [`super::launch`].
 
 use cubecl::prelude::*;
-
-/// `y = x · rsqrt(mean(x²) + eps) · w`, rows of `x: [rows, dim]`.
-#[cube(launch)]
-pub fn rms_norm_fwd<F: Float>(
-    x: &Tensor<F>,
-    w: &Tensor<F>,
-    y: &mut Tensor<F>,
-    rows: u32,
-    dim: u32,
-    eps: f32,
-    #[define(F)] _dtype: ElemType,
-) {
-    let row = ABSOLUTE_POS as usize;
-    if row >= rows as usize {
-        terminate!();
-    }
-    let d = dim as usize;
-    let base = row * d;
-    let mut ss = F::new(0.0);
-    for i in 0..d {
-        let v = x[base + i];
-        ss = ss + v * v;
-    }
-    let rstd = F::new(1.0) / (ss / F::cast_from(dim) + F::cast_from(eps)).sqrt();
-    for i in 0..d {
-        y[base + i] = x[base + i] * rstd * w[i];
-    }
-}
-
-/// `dx` and the per-row contributions to `dw` (`dy · x̂`, summed over rows by the caller).
-#[cube(launch)]
-pub fn rms_norm_bwd<F: Float>(
-    x: &Tensor<F>,
-    w: &Tensor<F>,
-    dy: &Tensor<F>,
-    dx: &mut Tensor<F>,
-    dw_rows: &mut Tensor<F>,
-    rows: u32,
-    dim: u32,
-    eps: f32,
-    #[define(F)] _dtype: ElemType,
-) {
-    let row = ABSOLUTE_POS as usize;
-    if row >= rows as usize {
-        terminate!();
-    }
-    let d = dim as usize;
-    let base = row * d;
-    let mut ss = F::new(0.0);
-    for i in 0..d {
-        let v = x[base + i];
-        ss = ss + v * v;
-    }
-    let rstd = F::new(1.0) / (ss / F::cast_from(dim) + F::cast_from(eps)).sqrt();
-    let mut dot = F::new(0.0);
-    for i in 0..d {
-        dot = dot + dy[base + i] * w[i] * x[base + i] * rstd;
-    }
-    let mean = dot / F::cast_from(dim);
-    for i in 0..d {
-        let xh = x[base + i] * rstd;
-        let g = dy[base + i];
-        dx[base + i] = rstd * (g * w[i] - xh * mean);
-        dw_rows[base + i] = g * xh;
-    }
-}
 
 /// `silu(gate) · up`, element-wise.
 #[cube(launch)]
@@ -320,41 +255,6 @@ pub fn attention_bwd_dkv<F: Float, I: Numeric>(
             }
         }
     }
-}
-
-/// Per-row cross-entropy of `logits: [rows, vocab]` against integer targets, and the row's
-/// log-sum-exp (all the backward needs besides the logits).
-#[cube(launch)]
-pub fn cross_entropy_fwd<F: Float, I: Numeric>(
-    logits: &Tensor<F>,
-    targets: &Tensor<I>,
-    loss: &mut Tensor<F>,
-    lse: &mut Tensor<F>,
-    rows: u32,
-    vocab: u32,
-    #[define(F, I)] _dtypes: [ElemType; 2],
-) {
-    let row = ABSOLUTE_POS as usize;
-    if row >= rows as usize {
-        terminate!();
-    }
-    let n = vocab as usize;
-    let base = row * n;
-    let mut m = logits[base];
-    for c in 1..n {
-        let x = logits[base + c];
-        if x > m {
-            m = x;
-        }
-    }
-    let mut sum = F::new(0.0);
-    for c in 0..n {
-        sum = sum + (logits[base + c] - m).exp();
-    }
-    let row_lse = m + sum.ln();
-    let target = u32::cast_from(targets[row]) as usize;
-    loss[row] = row_lse - logits[base + target];
-    lse[row] = row_lse;
 }
 
 /// `dlogits = dloss · (softmax(logits) − onehot(target))`, element-wise from the saved

@@ -1,16 +1,17 @@
 //! Launching the kernels of [`super::kernels`] on burn's CubeCL tensors.
 
 use super::kernels as kern;
+use super::{adamw as adamw_kernel, reduce, rows};
 use crate::attention::FusedAttentionOps;
 use crate::grouped::GroupedOps;
-use crate::ops::KernelOps;
+use crate::ops::{AdamWStep, KernelOps};
 use burn::backend::cubecl::dtype_to_storage_type;
 use burn::tensor::Shape;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
-use cubecl::{calculate_cube_count_elemwise, CubeCount, CubeDim};
+use cubecl::{calculate_cube_count_elemwise, server::CubeCountSelection, CubeCount, CubeDim};
 
 /// An uninitialised tensor of `shape` on `like`'s device, with its float type.
 fn empty_like(like: &CubeTensor, shape: Vec<usize>) -> CubeTensor {
@@ -21,6 +22,16 @@ fn empty_like(like: &CubeTensor, shape: Vec<usize>) -> CubeTensor {
 fn grid(like: &CubeTensor, n: usize) -> (CubeCount, CubeDim) {
     let dim = CubeDim::new(&like.client, n);
     (calculate_cube_count_elemwise(&like.client, n, dim), dim)
+}
+
+/// One cube per row for the row reductions of [`super::rows`]: `(count, cube, units)` with
+/// `units` threads a cube, the largest power of two up to 256 the device allows (256 threads
+/// keep 8 warps busy on a 768-wide row; the tree reduction needs a power of two).
+fn row_grid(like: &CubeTensor, rows: usize) -> (CubeCount, CubeDim, usize) {
+    let max = like.client.properties().hardware.max_units_per_cube.max(1);
+    let units = 256u32.min(1 << max.ilog2());
+    let count = CubeCountSelection::new(&like.client, rows as u32).cube_count();
+    (count, CubeDim::new_1d(units), units as usize)
 }
 
 fn dims(t: &CubeTensor) -> Vec<usize> {
@@ -39,9 +50,9 @@ impl KernelOps for CubeBackend {
         let (x, w) = (into_contiguous(x), into_contiguous(w));
         let (rows, dim) = rows_cols(&x);
         let y = empty_like(&x, dims(&x));
-        let (count, cube) = grid(&x, rows);
+        let (count, cube, units) = row_grid(&x, rows);
         let dtype = dtype_to_storage_type(x.dtype);
-        kern::rms_norm_fwd::launch(
+        rows::rms_norm_fwd::launch(
             &x.client.clone(),
             count,
             cube,
@@ -51,6 +62,7 @@ impl KernelOps for CubeBackend {
             rows as u32,
             dim as u32,
             eps,
+            units,
             dtype,
         );
         y
@@ -60,9 +72,9 @@ impl KernelOps for CubeBackend {
         let (x, w, dy) = (into_contiguous(x), into_contiguous(w), into_contiguous(dy));
         let (rows, dim) = rows_cols(&x);
         let (dx, dw_rows) = (empty_like(&x, dims(&x)), empty_like(&x, dims(&x)));
-        let (count, cube) = grid(&x, rows);
+        let (count, cube, units) = row_grid(&x, rows);
         let dtype = dtype_to_storage_type(x.dtype);
-        kern::rms_norm_bwd::launch(
+        rows::rms_norm_bwd::launch(
             &x.client.clone(),
             count,
             cube,
@@ -74,9 +86,10 @@ impl KernelOps for CubeBackend {
             rows as u32,
             dim as u32,
             eps,
+            units,
             dtype,
         );
-        (dx, dw_rows)
+        (dx, reduce::launch::column_sum(dw_rows))
     }
 
     fn silu_mul_fwd(gate: CubeTensor, up: CubeTensor) -> CubeTensor {
@@ -146,9 +159,9 @@ impl KernelOps for CubeBackend {
         let (logits, targets) = (into_contiguous(logits), into_contiguous(targets));
         let (rows, vocab) = rows_cols(&logits);
         let (loss, lse) = (empty_like(&logits, vec![rows]), empty_like(&logits, vec![rows]));
-        let (count, cube) = grid(&logits, rows);
+        let (count, cube, units) = row_grid(&logits, rows);
         let dtypes = [dtype_to_storage_type(logits.dtype), dtype_to_storage_type(targets.dtype)];
-        kern::cross_entropy_fwd::launch(
+        rows::cross_entropy_fwd::launch(
             &logits.client.clone(),
             count,
             cube,
@@ -158,6 +171,7 @@ impl KernelOps for CubeBackend {
             lse.clone().into_tensor_arg(),
             rows as u32,
             vocab as u32,
+            units,
             dtypes,
         );
         (loss, lse)
@@ -185,6 +199,47 @@ impl KernelOps for CubeBackend {
             dtypes,
         );
         dlogits
+    }
+
+    fn adamw(
+        p: CubeTensor,
+        g: CubeTensor,
+        m: CubeTensor,
+        v: CubeTensor,
+        h: AdamWStep,
+    ) -> (CubeTensor, CubeTensor, CubeTensor) {
+        let [p, g, m, v] = [p, g, m, v].map(into_contiguous);
+        let n = p.meta.num_elements();
+        let [p2, m2, v2] = [&p, &m, &v].map(|t| empty_like(t, dims(t)));
+        let (count, cube) = grid(&p, n);
+        let dtype = dtype_to_storage_type(p.dtype);
+        adamw_kernel::adamw::launch(
+            &p.client.clone(),
+            count,
+            cube,
+            p.into_tensor_arg(),
+            g.into_tensor_arg(),
+            m.into_tensor_arg(),
+            v.into_tensor_arg(),
+            p2.clone().into_tensor_arg(),
+            m2.clone().into_tensor_arg(),
+            v2.clone().into_tensor_arg(),
+            n as u32,
+            h.one_minus_beta1,
+            h.beta2,
+            h.one_minus_beta2,
+            h.bias2_sqrt,
+            h.eps,
+            h.decay,
+            h.step_size,
+            h.grad_scale,
+            dtype,
+        );
+        (p2, m2, v2)
+    }
+
+    fn sum_squares(x: CubeTensor) -> CubeTensor {
+        reduce::launch::sum_squares(x)
     }
 }
 

@@ -13,8 +13,7 @@ use burn::backend::autodiff::{
     ops::{Backward, Ops, OpsKind},
     Autodiff, NodeId,
 };
-use burn::backend::{tensor::FloatTensor, tensor::IntTensor, AutodiffBackend, Backend, TensorMetadata};
-use burn::tensor::Shape;
+use burn::backend::{tensor::FloatTensor, tensor::IntTensor, AutodiffBackend, Backend};
 
 #[derive(Debug)]
 struct RmsNormBackward;
@@ -27,9 +26,7 @@ impl<B: Backend + KernelOps> Backward<B, 2> for RmsNormBackward {
         let dy = grads.consume::<B>(&ops.node);
         let (x, w, eps) = ops.state;
         let (x, w): (FloatTensor<B>, FloatTensor<B>) = (c.retrieve_node_output(x), c.retrieve_node_output(w));
-        let d = w.shape()[0];
-        let (dx, dw_rows) = B::rms_norm_bwd(x, w, dy, eps);
-        let dw = B::float_reshape(B::float_sum_dim(dw_rows, 0), Shape::new([d]));
+        let (dx, dw) = B::rms_norm_bwd(x, w, dy, eps);
         for (node, grad) in [(node_x, dx), (node_w, dw)] {
             if let Some(node) = node {
                 grads.register::<B>(node.id, grad);

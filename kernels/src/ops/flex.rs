@@ -25,7 +25,8 @@ impl KernelOps for Flex {
         eps: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let (dx, dw_rows) = rows::rms_norm_bwd(&floats(&x), &floats(&w), &floats(&dy), eps);
-        (tensor_like(dx, dims(&x), &x), tensor_like(dw_rows, dims(&x), &x))
+        let dw = Flex::float_sum_dim(tensor_like(dw_rows, dims(&x), &x), 0);
+        (tensor_like(dx, dims(&x), &x), Flex::float_reshape(dw, w.shape()))
     }
 
     fn silu_mul_fwd(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {

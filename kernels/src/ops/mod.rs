@@ -8,7 +8,7 @@ mod flex;
 
 #[cfg(feature = "cube")]
 use burn::backend::fusion::custom::TensorSpec;
-use burn::backend::{backend_extension, tensor::FloatTensor, tensor::IntTensor, Backend, Dispatch, TensorMetadata};
+use burn::backend::{backend_extension, tensor::FloatTensor, tensor::IntTensor, Backend, Dispatch};
 use burn::prelude::*;
 
 #[cfg(feature = "cube")]
@@ -40,8 +40,8 @@ pub trait KernelOps: Backend {
     #[fusion(dtype = x, shape = x)]
     fn rms_norm_fwd(x: FloatTensor<Self>, w: FloatTensor<Self>, eps: f32) -> FloatTensor<Self>;
 
-    /// `(dx, dy · x̂)`; the caller sums the second over rows for `dw`.
-    #[fusion(meta = |x, _w, _dy, _eps| (x.clone(), x.clone()))]
+    /// `(dx, dw)`, `dw = Σ_rows dy · x̂`.
+    #[fusion(meta = |x, w, _dy, _eps| (x.clone(), w.clone()))]
     fn rms_norm_bwd(
         x: FloatTensor<Self>,
         w: FloatTensor<Self>,
@@ -109,28 +109,21 @@ pub trait KernelOps: Backend {
     }
 
     /// One AdamW update `(p', m', v')` of a flattened parameter `p` with gradient `g` and moments
-    /// `m`, `v` (not differentiable: optimizer tensors carry no graph). Only the CPU has a
-    /// kernel; [`crate::adamw`] routes every other device to the composed reference.
-    #[fusion(default)]
+    /// `m`, `v` in one pass (not differentiable: optimizer tensors carry no graph).
+    #[fusion(meta = |p, _g, m, v, _h| (p.clone(), m.clone(), v.clone()))]
     fn adamw(
         p: FloatTensor<Self>,
         g: FloatTensor<Self>,
         m: FloatTensor<Self>,
         v: FloatTensor<Self>,
         h: AdamWStep,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let _ = (p, g, m, v, h);
-        unreachable!("adamw has a kernel only on the CPU; titan_kernels::adamw routes other devices to the reference")
-    }
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
-    /// `[Σ x²]` over every element of `x` (not differentiable: gradients' norms). The CPU sums in
-    /// f64 in one read; elsewhere Burn's square and sum.
-    #[fusion(default)]
-    fn sum_squares(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        let n = x.shape().num_elements();
-        let flat = Self::float_reshape(x, Shape::new([n]));
-        Self::float_sum(Self::float_mul(flat.clone(), flat))
-    }
+    /// `[Σ x²]` over every element of `x` (not differentiable: gradients' norms), in a fixed
+    /// order, as float32: the CPU sums in f64 in one read, CubeCL devices in two passes of f32
+    /// partial sums.
+    #[fusion(meta = |_x| TensorSpec::new(Shape::new([1]), burn::tensor::DType::F32))]
+    fn sum_squares(x: FloatTensor<Self>) -> FloatTensor<Self>;
 
     /// The differentiable bias-free linear layer `x · w` (`x: [rows, d_in]`, `w: [d_in, d_out]`),
     /// its three products (forward, `dy · wᵀ`, `xᵀ · dy`) all through [`KernelOps::matmul`].
@@ -161,8 +154,7 @@ pub fn rope(x: Tensor<4>, cos: Tensor<4>, sin: Tensor<4>) -> Tensor<4> {
     Tensor::from_dispatch(Dispatch::rope(x.into_dispatch(), table(cos), table(sin)))
 }
 
-/// One AdamW update `(p', m', v')` of flattened tensors: CPU tensors only (the trait's default
-/// for other backends is unreachable through [`crate::adamw`], which routes them to the reference).
+/// One AdamW update `(p', m', v')` of flattened tensors, one pass over them.
 pub(crate) fn adamw(
     p: Tensor<1>,
     g: Tensor<1>,
@@ -174,10 +166,9 @@ pub(crate) fn adamw(
     (Tensor::from_dispatch(p), Tensor::from_dispatch(m), Tensor::from_dispatch(v))
 }
 
-/// `Σ x²` of every element.
-pub(crate) fn sum_squares<const D: usize>(x: Tensor<D>) -> f64 {
-    let s: Tensor<1> = Tensor::from_dispatch(Dispatch::sum_squares(x.into_dispatch()));
-    s.into_scalar::<f64>()
+/// `[Σ x²]` of every element, on `x`'s device.
+pub(crate) fn sum_squares<const D: usize>(x: Tensor<D>) -> Tensor<1> {
+    Tensor::from_dispatch(Dispatch::sum_squares(x.into_dispatch()))
 }
 
 /// `x · w` of `x: [rows, d_in]`, `w: [d_in, d_out]`.
