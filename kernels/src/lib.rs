@@ -50,6 +50,17 @@ pub fn on_cube(device: &Device) -> bool {
     }
 }
 
+/// Pins the CubeCL row reductions (RMSNorm, the cross-entropy's forward) to one cube per row
+/// (`Some(true)`) or one thread per row (`Some(false)`) for this process, or lets them be chosen
+/// again (`None`: measured under `model.attention = "auto"`, else one cube per row). For
+/// benchmarks and tests; nothing without CubeCL.
+pub fn force_row_variant(per_cube: Option<bool>) {
+    #[cfg(feature = "cube")]
+    cube::tune::force_row_variant(per_cube);
+    #[cfg(not(feature = "cube"))]
+    let _ = per_cube;
+}
+
 /// RMSNorm of `x: [B, T, D]` with weight `[D]`.
 pub fn rms_norm(x: Tensor<3>, w: Tensor<1>, eps: f64, fused: bool) -> Tensor<3> {
     if fused && has_kernels(&x.device()) {

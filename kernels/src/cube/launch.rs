@@ -1,7 +1,7 @@
 //! Launching the kernels of [`super::kernels`] on burn's CubeCL tensors.
 
 use super::kernels as kern;
-use super::{adamw as adamw_kernel, reduce, rows};
+use super::{adamw as adamw_kernel, reduce, rows, rows_serial, tune};
 use crate::attention::FusedAttentionOps;
 use crate::grouped::GroupedOps;
 use crate::ops::{AdamWStep, KernelOps};
@@ -49,46 +49,44 @@ impl KernelOps for CubeBackend {
     fn rms_norm_fwd(x: CubeTensor, w: CubeTensor, eps: f32) -> CubeTensor {
         let (x, w) = (into_contiguous(x), into_contiguous(w));
         let (rows, dim) = rows_cols(&x);
-        let y = empty_like(&x, dims(&x));
-        let (count, cube, units) = row_grid(&x, rows);
         let dtype = dtype_to_storage_type(x.dtype);
-        rows::rms_norm_fwd::launch(
-            &x.client.clone(),
-            count,
-            cube,
-            x.into_tensor_arg(),
-            w.into_tensor_arg(),
-            y.clone().into_tensor_arg(),
-            rows as u32,
-            dim as u32,
-            eps,
-            units,
-            dtype,
-        );
+        let launch = |per_cube: bool, y: &CubeTensor| {
+            let args = (x.clone().into_tensor_arg(), w.clone().into_tensor_arg(), y.clone().into_tensor_arg());
+            let (r, d) = (rows as u32, dim as u32);
+            if per_cube {
+                let (count, cube, units) = row_grid(&x, rows);
+                rows::rms_norm_fwd::launch(&x.client, count, cube, args.0, args.1, args.2, r, d, eps, units, dtype);
+            } else {
+                let (count, cube) = grid(&x, rows);
+                rows_serial::rms_norm_fwd::launch(&x.client, count, cube, args.0, args.1, args.2, r, d, eps, dtype);
+            }
+        };
+        let per_cube = tune::per_cube("rms_norm", &x, rows, dim, |v| launch(v, &empty_like(&x, dims(&x))));
+        let y = empty_like(&x, dims(&x));
+        launch(per_cube, &y);
         y
     }
 
     fn rms_norm_bwd(x: CubeTensor, w: CubeTensor, dy: CubeTensor, eps: f32) -> (CubeTensor, CubeTensor) {
         let (x, w, dy) = (into_contiguous(x), into_contiguous(w), into_contiguous(dy));
         let (rows, dim) = rows_cols(&x);
-        let (dx, dw_rows) = (empty_like(&x, dims(&x)), empty_like(&x, dims(&x)));
-        let (count, cube, units) = row_grid(&x, rows);
         let dtype = dtype_to_storage_type(x.dtype);
-        rows::rms_norm_bwd::launch(
-            &x.client.clone(),
-            count,
-            cube,
-            x.into_tensor_arg(),
-            w.into_tensor_arg(),
-            dy.into_tensor_arg(),
-            dx.clone().into_tensor_arg(),
-            dw_rows.clone().into_tensor_arg(),
-            rows as u32,
-            dim as u32,
-            eps,
-            units,
-            dtype,
-        );
+        let launch = |per_cube: bool, dx: &CubeTensor, dw_rows: &CubeTensor| {
+            let (xa, wa, dya) = (x.clone().into_tensor_arg(), w.clone().into_tensor_arg(), dy.clone().into_tensor_arg());
+            let (dxa, dwa) = (dx.clone().into_tensor_arg(), dw_rows.clone().into_tensor_arg());
+            let (r, d) = (rows as u32, dim as u32);
+            if per_cube {
+                let (count, cube, units) = row_grid(&x, rows);
+                rows::rms_norm_bwd::launch(&x.client, count, cube, xa, wa, dya, dxa, dwa, r, d, eps, units, dtype);
+            } else {
+                let (count, cube) = grid(&x, rows);
+                rows_serial::rms_norm_bwd::launch(&x.client, count, cube, xa, wa, dya, dxa, dwa, r, d, eps, dtype);
+            }
+        };
+        let scratch = || empty_like(&x, dims(&x));
+        let per_cube = tune::per_cube("rms_norm backward", &x, rows, dim, |v| launch(v, &scratch(), &scratch()));
+        let (dx, dw_rows) = (scratch(), scratch());
+        launch(per_cube, &dx, &dw_rows);
         (dx, reduce::launch::column_sum(dw_rows))
     }
 
@@ -158,22 +156,23 @@ impl KernelOps for CubeBackend {
     fn cross_entropy_fwd(logits: CubeTensor, targets: CubeTensor) -> (CubeTensor, CubeTensor) {
         let (logits, targets) = (into_contiguous(logits), into_contiguous(targets));
         let (rows, vocab) = rows_cols(&logits);
-        let (loss, lse) = (empty_like(&logits, vec![rows]), empty_like(&logits, vec![rows]));
-        let (count, cube, units) = row_grid(&logits, rows);
         let dtypes = [dtype_to_storage_type(logits.dtype), dtype_to_storage_type(targets.dtype)];
-        rows::cross_entropy_fwd::launch(
-            &logits.client.clone(),
-            count,
-            cube,
-            logits.into_tensor_arg(),
-            targets.into_tensor_arg(),
-            loss.clone().into_tensor_arg(),
-            lse.clone().into_tensor_arg(),
-            rows as u32,
-            vocab as u32,
-            units,
-            dtypes,
-        );
+        let launch = |per_cube: bool, loss: &CubeTensor, lse: &CubeTensor| {
+            let (la, ta) = (logits.clone().into_tensor_arg(), targets.clone().into_tensor_arg());
+            let (lossa, lsea) = (loss.clone().into_tensor_arg(), lse.clone().into_tensor_arg());
+            let (r, v) = (rows as u32, vocab as u32);
+            if per_cube {
+                let (count, cube, units) = row_grid(&logits, rows);
+                rows::cross_entropy_fwd::launch(&logits.client, count, cube, la, ta, lossa, lsea, r, v, units, dtypes);
+            } else {
+                let (count, cube) = grid(&logits, rows);
+                rows_serial::cross_entropy_fwd::launch(&logits.client, count, cube, la, ta, lossa, lsea, r, v, dtypes);
+            }
+        };
+        let scratch = || empty_like(&logits, vec![rows]);
+        let per_cube = tune::per_cube("cross_entropy", &logits, rows, vocab, |v| launch(v, &scratch(), &scratch()));
+        let (loss, lse) = (scratch(), scratch());
+        launch(per_cube, &loss, &lse);
         (loss, lse)
     }
 

@@ -9,3 +9,5 @@ mod kernels;
 mod launch;
 mod reduce;
 mod rows;
+mod rows_serial;
+pub mod tune;

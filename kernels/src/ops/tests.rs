@@ -61,16 +61,17 @@ fn compare(
     seed: u64,
     op: &dyn Fn(&[Tensor<1>], bool) -> Tensor<1>,
 ) {
-    compare_on(&devices(), name, inputs, rng, seed, op)
+    compare_on(&devices(), name, inputs, rng, seed, TOL, op)
 }
 
-/// [`compare`] on the given devices.
+/// [`compare`] on the given devices, within `tol` in float32.
 fn compare_on(
     devices: &[Device],
     name: &str,
     inputs: &[Vec<f32>],
     rng: &mut impl Rng,
     seed: u64,
+    tol: f32,
     op: &dyn Fn(&[Tensor<1>], bool) -> Tensor<1>,
 ) {
     let make_as = |dev: &Device, dtype: DType| -> Vec<Tensor<1>> {
@@ -85,10 +86,15 @@ fn compare_on(
     let gf = (yf.clone() * wt(&fdev)).sum().backward();
     for dev in devices {
         // On CubeCL devices the kernels also run on float16 inputs (the compute type of
-        // `training.mixed_precision_param = "float16"`), against the same float32 reference.
-        let dtypes: &[(DType, f32)] =
-            if crate::on_cube(dev) { &[(DType::F32, TOL), (DType::F16, TOL_F16)] } else { &[(DType::F32, TOL)] };
-        for &(dtype, tol) in dtypes {
+        // `training.mixed_precision_param = "float16"`), against the same float32 reference,
+        // and the row reductions in both variants (one cube per row, one thread per row).
+        let cube = crate::on_cube(dev);
+        let dtypes: &[(DType, f32)] = if cube { &[(DType::F32, tol), (DType::F16, TOL_F16)] } else { &[(DType::F32, tol)] };
+        let variants: &[bool] = if cube { &[true, false] } else { &[true] };
+        let _pinned = cube.then(|| ROW_VARIANT.lock().unwrap_or_else(|p| p.into_inner()));
+        for (&(dtype, tol), &per_cube) in dtypes.iter().flat_map(|d| variants.iter().map(move |v| (d, v))) {
+            pin_row_variant(cube.then_some(per_cube));
+            let name = &format!("{name}{}", if cube && !per_cube { " (one thread per row)" } else { "" });
             let xg = make_as(dev, dtype);
             if crate::on_cube(dev) {
                 poison(dev);
@@ -105,8 +111,14 @@ fn compare_on(
                 }
             }
         }
+        pin_row_variant(None);
     }
 }
+
+/// Held by a test while it pins the row-reduction variant (a process-wide setting).
+static ROW_VARIANT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+use crate::force_row_variant as pin_row_variant;
 
 #[test]
 fn rms_norm_silu_mul_and_rope_match_the_reference() {
@@ -117,7 +129,10 @@ fn rms_norm_silu_mul_and_rope_match_the_reference() {
     // 70 000 rows need more cubes than one grid dimension holds (65 535).
     for (b, t, d) in [(2, 5, 64), (1, 1, 12), (3, 7, 33), (4, 33, 200), (2, 3, 700), (1, 70_000, 4)] {
         let inputs = [normal(b * t * d, &mut rng), normal(d, &mut rng)];
-        compare(&format!("rms_norm {b}x{t}x{d}"), &inputs, &mut rng, s, &|x, fused| {
+        // `dw` sums b·t rows: over 70 000 of them f32 sums in different orders (the flex
+        // reference's and the kernels') differ by ≈ 1e-5 of the result.
+        let tol = if b * t > 10_000 { 1e-4 } else { TOL };
+        compare_on(&devices(), &format!("rms_norm {b}x{t}x{d}"), &inputs, &mut rng, s, tol, &|x, fused| {
             crate::rms_norm(x[0].clone().reshape([b, t, d]), x[1].clone(), 1e-5, fused).reshape([b * t * d])
         });
         let inputs = [normal(b * t * d, &mut rng), normal(b * t * d, &mut rng)];
@@ -209,7 +224,7 @@ fn linear_matches_the_reference() {
         [(1, 1, 1, false), (5, 3, 7, true), (130, 70, 300, false), (300, 129, 40, false), (64, 96, 200, true)]
     {
         let inputs = [normal(rows * d_in, &mut rng), normal(d_in * d_out, &mut rng)];
-        compare_on(&cpu, &format!("linear {rows}x{d_in}x{d_out} t{transposed}"), &inputs, &mut rng, s, &|x, fused| {
+        compare_on(&cpu, &format!("linear {rows}x{d_in}x{d_out} t{transposed}"), &inputs, &mut rng, s, TOL, &|x, fused| {
             let x2 = if transposed {
                 x[0].clone().reshape([d_in, rows]).transpose()
             } else {

@@ -76,8 +76,8 @@ fn row<const D: usize>(
     }
 }
 
-/// Every kernel at `shapes` on `device` (forward passes; attention and the linear layer also
-/// forward + backward).
+/// Every kernel at `shapes` on `device` (forward passes; attention, RMSNorm and the linear
+/// layer also forward + backward; AdamW and the gradient norm's sum of squares).
 pub fn bench_kernels(device: &Device, shapes: &Shapes, iters: usize) -> Result<Vec<KernelRow>> {
     let (b, t, a) = (shapes.batch, shapes.seq, &shapes.args);
     let (d, h, kv, hd, f, v) = (a.dim, a.n_heads, a.n_kv_heads, a.head_dim(), a.ffn_hidden_dim(), a.vocab_size);
@@ -85,15 +85,11 @@ pub fn bench_kernels(device: &Device, shapes: &Shapes, iters: usize) -> Result<V
     let mut rows = Vec::new();
 
     let (x, w) = (random([b, t, d], device), random([d], device));
-    rows.push(row(
-        "rms_norm",
-        format!("{b}×{t}×{d}"),
-        iters,
-        word * (2 * n * d + d) as f64,
-        (4 * n * d) as f64,
-        &|| titan_kernels::rms_norm(x.clone(), w.clone(), 1e-5, true),
-        &|| titan_kernels::rms_norm(x.clone(), w.clone(), 1e-5, false),
-    ));
+    let norm = |fused: bool| titan_kernels::rms_norm(x.clone(), w.clone(), 1e-5, fused);
+    let norm_row = |name: &str| {
+        row(name, format!("{b}×{t}×{d}"), iters, word * (2 * n * d + d) as f64, (4 * n * d) as f64, &|| norm(true), &|| norm(false))
+    };
+    rows.push(norm_row("rms_norm"));
 
     let (g, u) = (random([b, t, f], device), random([b, t, f], device));
     rows.push(row(
@@ -213,15 +209,72 @@ pub fn bench_kernels(device: &Device, shapes: &Shapes, iters: usize) -> Result<V
 
     let logits = random([b, t, v], device);
     let targets = Tensor::<2, Int>::random([b, t], burn::tensor::Distribution::Uniform(0.0, v as f64), device);
-    rows.push(row(
-        "cross_entropy",
-        format!("{b}×{t}×{v}"),
-        iters,
-        word * (n * v) as f64,
-        (4 * n * v) as f64,
-        &|| titan_kernels::cross_entropy_sum(logits.clone(), targets.clone(), true),
-        &|| titan_kernels::cross_entropy_sum(logits.clone(), targets.clone(), false),
-    ));
+    let loss = |fused: bool| titan_kernels::cross_entropy_sum(logits.clone(), targets.clone(), fused);
+    let loss_row = |name: &str| {
+        row(name, format!("{b}×{t}×{v}"), iters, word * (n * v) as f64, (4 * n * v) as f64, &|| loss(true), &|| loss(false))
+    };
+    rows.push(loss_row("cross_entropy"));
+
+    // RMSNorm forward + backward: the weight's gradient (`dx` comes with it; on GPUs `dw` is
+    // titan-rs's column sum of the per-row partials). Bytes: x read and y written, then x and
+    // dy read and dx written.
+    let lift1 = |x: Tensor<1>| Tensor::<1>::from_data(x.to_data(), &ad).require_grad();
+    let lift_x = |x: &Tensor<3>| Tensor::<3>::from_data(x.to_data(), &ad).require_grad();
+    let (xr, wr) = (lift_x(&x), lift1(w.clone()));
+    let rr = Tensor::<3>::from_data(random([b, t, d], device).to_data(), &ad);
+    let norm_dw = |fused: bool| {
+        let y = titan_kernels::rms_norm(xr.clone(), wr.clone(), 1e-5, fused);
+        wr.grad(&(y * rr.clone()).sum().backward()).expect("dw")
+    };
+    let norm_bwd_row = |name: &str| {
+        row(name, format!("{b}×{t}×{d}"), iters, word * (5 * n * d) as f64, (10 * n * d) as f64, &|| norm_dw(true), &|| {
+            norm_dw(false)
+        })
+    };
+    rows.push(norm_bwd_row("rms_norm fwd+bwd"));
+    // On GPU devices the row reductions also as one thread per row, the variant the first
+    // kernels were (the default, one cube per row, is above; training measures both).
+    if titan_kernels::on_cube(device) {
+        titan_kernels::force_row_variant(Some(false));
+        rows.push(norm_row("rms_norm, one thread per row"));
+        rows.push(norm_bwd_row("rms_norm fwd+bwd, one thread per row"));
+        rows.push(loss_row("cross_entropy, one thread per row"));
+        titan_kernels::force_row_variant(None);
+    }
+
+    // AdamW and the gradient norm's Σ x² over the model's largest parameter (the embedding,
+    // `vocab × dim`), the update applied again and again to its own results as training does
+    // (so every output is used). AdamW moves 7 floats an element (4 read, 3 written).
+    let np = v * d;
+    let h = crate::optim::adamw::AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, fused: true }
+        .step_scalars(10, 3e-4, 0.1, 0.5);
+    let start = || (random([np], device), random([np], device), random([np], device).abs());
+    let g = random([np], device);
+    let (fused_state, reference_state) = (std::cell::RefCell::new(start()), std::cell::RefCell::new(start()));
+    *reference_state.borrow_mut() = fused_state.borrow().clone();
+    let adamw = |fused: bool| {
+        let state = if fused { &fused_state } else { &reference_state };
+        let (p, m, vs) = state.borrow().clone();
+        let next = titan_kernels::adamw(p, g.clone(), m, vs, h, fused);
+        *state.borrow_mut() = next.clone();
+        next.0
+    };
+    rows.push(row("adamw", format!("{np}"), iters, word * (7 * np) as f64, (12 * np) as f64, &|| adamw(true), &|| adamw(false)));
+    let sum_squares = || match titan_kernels::start_sum_squares(g.clone()) {
+        titan_kernels::SumSquares::Device(s) => s,
+        titan_kernels::SumSquares::Host(s) => Tensor::<1>::from_data(TensorData::new(vec![s as f32], [1]), device),
+    };
+    let mut squares =
+        row("sum of squares", format!("{np}"), iters, word * np as f64, (2 * np) as f64, &sum_squares, &|| {
+            g.clone().square().sum()
+        });
+    // Checked against the exact (f64) sum, not Burn's (still the timed reference): on the
+    // software adapter Burn's sum came out wrong past ≈ 2¹⁸ elements.
+    let values: Vec<f32> = g.to_data().convert::<f32>().try_into_vec::<f32>().expect("f32 values");
+    let exact: f64 = values.iter().map(|&x| x as f64 * x as f64).sum();
+    let ours = sum_squares().into_scalar::<f32>() as f64;
+    squares.rel_err = ((ours - exact).abs() / exact.max(1.0)) as f32;
+    rows.push(squares);
     Ok(rows)
 }
 
