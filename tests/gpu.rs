@@ -185,7 +185,7 @@ fn half_precision_on_the_wgpu_adapter() {
     }
 }
 
-/// `titan-rs bench kernels` checks and times every kernel on the device: nine rows, each within
+/// `titan-rs bench kernels` checks and times every kernel on the device: fifteen rows (the row reductions in both variants), each within
 /// float32 tolerance of its reference (the timings are printed, not asserted).
 #[test]
 fn bench_kernels_checks_every_kernel_on_the_device() {
@@ -194,8 +194,23 @@ fn bench_kernels_checks_every_kernel_on_the_device() {
     let out = assert_ok(&titan(&args.split_whitespace().collect::<Vec<_>>()));
     let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| kernel")).collect();
     let names: Vec<&str> = rows.iter().map(|r| r.split('|').nth(1).unwrap().trim()).collect();
-    let want =
-        ["rms_norm", "silu_mul", "rope", "attention fwd", "attention fwd+bwd", "block-causal attention fwd+bwd", "linear fwd+bwd", "grouped expert GEMM fwd+bwd", "cross_entropy"];
+    let want = [
+        "rms_norm",
+        "silu_mul",
+        "rope",
+        "attention fwd",
+        "attention fwd+bwd",
+        "block-causal attention fwd+bwd",
+        "linear fwd+bwd",
+        "grouped expert GEMM fwd+bwd",
+        "cross_entropy",
+        "rms_norm fwd+bwd",
+        "rms_norm, one thread per row",
+        "rms_norm fwd+bwd, one thread per row",
+        "cross_entropy, one thread per row",
+        "adamw",
+        "sum of squares",
+    ];
     assert_eq!(names, want, "{out}");
     for r in rows {
         let err: f64 = r.split('|').nth(3).unwrap().trim().parse().unwrap();
