@@ -110,7 +110,7 @@ fn overlap_is_measured_in_the_metrics_and_drawn_on_its_own_trace_lane() {
         "--profiling.profile_freq",
         "3",
     ];
-    assert_ok(&run(&tiny_args(d.path(), 3), &flags));
+    assert_ok(&run(&tiny_args(d.path(), 4), &flags));
     for v in metric_lines(d.path()) {
         let (total, exposed, hidden) = (
             v["comm_time_s"].as_f64().unwrap(),
@@ -120,8 +120,12 @@ fn overlap_is_measured_in_the_metrics_and_drawn_on_its_own_trace_lane() {
         assert!((exposed + hidden - total).abs() <= 1e-9 * total.max(1.0), "{v}");
         assert!(exposed > 0.0 && hidden >= 0.0, "{v}");
     }
-    let last = &metric_lines(d.path())[2];
-    assert!(last["comm_hidden_s"].as_f64().unwrap() > 0.0, "prefetched gathers overlap compute: {last}");
+    // After the first step some of it is hidden — summed over steps 2–4: on two oversubscribed
+    // cores (two ranks and their stream threads) one step can find every gather still waiting
+    // for a core (seen once: step 3 with 0.0 hidden).
+    let lines = metric_lines(d.path());
+    let hidden: f64 = lines[1..].iter().map(|v| v["comm_hidden_s"].as_f64().unwrap()).sum();
+    assert!(hidden > 0.0, "prefetched gathers overlap compute: {lines:?}");
     let path = d.path().join("profile_traces").join("iteration_3").join("rank0_trace.json");
     let trace: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let events = trace["traceEvents"].as_array().unwrap();

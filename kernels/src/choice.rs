@@ -46,23 +46,11 @@ pub fn prefer_fused(kernel: &'static str, shape: Vec<usize>, device: &Device, ru
     if let Some(c) = cache.iter().find(|c| c.kernel == kernel && c.shape == shape && c.device == *device) {
         return c.fused;
     }
-    let time = |fused: bool| {
+    let (ours, burn) = medians(|fused| {
         let t = Instant::now();
         run(fused);
         t.elapsed().as_secs_f64()
-    };
-    time(true);
-    time(false);
-    let (mut ours, mut burn) = (Vec::new(), Vec::new());
-    for _ in 0..3 {
-        ours.push(time(true));
-        burn.push(time(false));
-    }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (ours, burn) = (median(&mut ours), median(&mut burn));
+    });
     let fused = ours <= burn;
     tracing::info!(
         "kernel choice: {kernel} {shape:?}: titan-rs fused {:.3} ms, Burn {:.3} ms (median of 3, forward + backward) → {}",
@@ -72,4 +60,21 @@ pub fn prefer_fused(kernel: &'static str, shape: Vec<usize>, device: &Device, ru
     );
     cache.push(Choice { kernel, shape, device: device.clone(), fused });
     fused
+}
+
+/// The medians of `time(true)` and `time(false)` (seconds): each run once to warm up (compile,
+/// allocate), then three times each, alternated.
+pub fn medians(time: impl Fn(bool) -> f64) -> (f64, f64) {
+    time(true);
+    time(false);
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        a.push(time(true));
+        b.push(time(false));
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (median(&mut a), median(&mut b))
 }

@@ -39,25 +39,13 @@ pub(super) fn per_cube(kernel: &str, like: &CubeTensor, rows: usize, cols: usize
     let sync = || {
         let _ = cubecl::future::block_on(like.client.sync());
     };
-    let time = |per_cube: bool| {
+    let (cube, thread) = crate::choice::medians(|per_cube| {
         sync();
         let t = Instant::now();
         run(per_cube);
         sync();
         t.elapsed().as_secs_f64()
-    };
-    time(true);
-    time(false);
-    let (mut cube, mut thread) = (Vec::new(), Vec::new());
-    for _ in 0..3 {
-        cube.push(time(true));
-        thread.push(time(false));
-    }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (cube, thread) = (median(&mut cube), median(&mut thread));
+    });
     let choice = cube <= thread;
     tracing::info!(
         "kernel choice: {key}: one cube per row {:.3} ms, one thread per row {:.3} ms (median of 3) → {}",
