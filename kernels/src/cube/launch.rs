@@ -28,10 +28,9 @@ fn grid(like: &CubeTensor, n: usize) -> (CubeCount, CubeDim) {
 /// `units` threads a cube, the largest power of two up to 256 the device allows (256 threads
 /// keep 8 warps busy on a 768-wide row; the tree reduction needs a power of two).
 fn row_grid(like: &CubeTensor, rows: usize) -> (CubeCount, CubeDim, usize) {
-    let max = like.client.properties().hardware.max_units_per_cube.max(1);
-    let units = 256u32.min(1 << max.ilog2());
+    let units = reduce::launch::units(like);
     let count = CubeCountSelection::new(&like.client, rows as u32).cube_count();
-    (count, CubeDim::new_1d(units), units as usize)
+    (count, CubeDim::new_1d(units as u32), units)
 }
 
 fn dims(t: &CubeTensor) -> Vec<usize> {

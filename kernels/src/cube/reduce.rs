@@ -5,7 +5,7 @@
 //! `sum_dim(0)` of `[65 534, 4]` off by 2.0), and Burn's full sums may add partial results
 //! with atomics, in an order that changes from run to run. Here each pass has a fixed shape:
 //! the first writes one partial result per cube (each thread strides over its share, the
-//! cube combines by [`cube_reduce`]), the second adds the partials in one cube.
+//! cube combines by [`cube_reduce`]), the second adds each output's partials in order.
 
 use cubecl::prelude::*;
 
@@ -102,39 +102,22 @@ pub fn column_sum_partial<F: Float>(
 }
 
 /// Pass 2 of both: `out[j] = Σ_k partial[k, j]` over the `parts` rows of `partial: [parts,
-/// width]`, one thread per output (`width` = 1 for `Σ x²`: one cube adds the partials by
-/// [`cube_reduce`]).
+/// width]`, one thread per output, the partials added in order (`width` = 1 for `Σ x²`).
 #[cube(launch)]
 pub fn sum_partials<F: Float>(
     partial: &Tensor<f32>,
     out: &mut Tensor<F>,
     parts: u32,
     width: u32,
-    #[comptime] units: usize,
     #[define(F)] _dtype: ElemType,
 ) {
-    let w = width as usize;
-    if w == 1 {
+    let (j, w) = (ABSOLUTE_POS as usize, width as usize);
+    if j < w {
         let mut s = 0.0f32;
-        let mut k = UNIT_POS as usize;
-        while k < parts as usize {
-            s += partial[k];
-            k += units;
+        for k in 0..parts as usize {
+            s += partial[k * w + j];
         }
-        let mut shared = Shared::<[f32]>::new_slice(units);
-        let total = cube_reduce(&mut shared, s, units, false);
-        if UNIT_POS == 0 && CUBE_POS == 0 {
-            out[0] = F::cast_from(total);
-        }
-    } else {
-        let j = ABSOLUTE_POS as usize;
-        if j < w {
-            let mut s = 0.0f32;
-            for k in 0..parts as usize {
-                s += partial[k * w + j];
-            }
-            out[j] = F::cast_from(s);
-        }
+        out[j] = F::cast_from(s);
     }
 }
 
@@ -147,7 +130,7 @@ pub mod launch {
     use cubecl::{CubeCount, CubeDim};
 
     /// Threads per cube: 256, or the largest power of two the device allows below that.
-    fn units(like: &CubeTensor) -> usize {
+    pub(in crate::cube) fn units(like: &CubeTensor) -> usize {
         let max = like.client.properties().hardware.max_units_per_cube.max(1);
         256usize.min(1 << max.ilog2())
     }
@@ -159,22 +142,15 @@ pub mod launch {
     /// Adds the `parts` partial results of `partial: [parts, width]` into `[width]` of `dtype`.
     fn finish(partial: CubeTensor, like: &CubeTensor, parts: usize, width: usize, dtype: DType) -> CubeTensor {
         let out = empty(like, vec![width], dtype);
-        let units = units(like);
-        let (count, cube) = if width == 1 {
-            (CubeCount::new_1d(1), CubeDim::new_1d(units as u32))
-        } else {
-            let cube = CubeDim::new_1d(units as u32);
-            (cubecl::calculate_cube_count_elemwise(&like.client, width, cube), cube)
-        };
+        let cube = CubeDim::new_1d(units(like) as u32);
         super::sum_partials::launch(
             &like.client.clone(),
-            count,
+            cubecl::calculate_cube_count_elemwise(&like.client, width, cube),
             cube,
             partial.into_tensor_arg(),
             out.clone().into_tensor_arg(),
             parts as u32,
             width as u32,
-            units,
             burn::backend::cubecl::dtype_to_storage_type(dtype),
         );
         out

@@ -96,7 +96,7 @@ fn compare_on(
             pin_row_variant(cube.then_some(per_cube));
             let name = &format!("{name}{}", if cube && !per_cube { " (one thread per row)" } else { "" });
             let xg = make_as(dev, dtype);
-            if crate::on_cube(dev) {
+            if cube {
                 poison(dev);
             }
             let yg = op(&xg, true);
