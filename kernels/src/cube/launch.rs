@@ -1,7 +1,7 @@
 //! Launching the kernels of [`super::kernels`] on burn's CubeCL tensors.
 
 use super::kernels as kern;
-use super::{adamw as adamw_kernel, reduce, rows, rows_serial, tune};
+use super::{adamw as adamw_kernel, flash, reduce, rows, rows_serial, tune};
 use crate::attention::FusedAttentionOps;
 use crate::grouped::GroupedOps;
 use crate::ops::{AdamWStep, KernelOps};
@@ -241,12 +241,6 @@ impl KernelOps for CubeBackend {
     }
 }
 
-/// `(rows of q, heads, kv heads, seq, head dim)` of `q: [B, H, T, D]`, `k: [B, KV, T, D]`.
-fn attention_dims(q: &CubeTensor, k: &CubeTensor) -> (usize, usize, usize, usize, usize) {
-    let (qd, kd) = (dims(q), dims(k));
-    (qd[0] * qd[1] * qd[2], qd[1], kd[1], qd[2], qd[3])
-}
-
 impl FusedAttentionOps for CubeBackend {
     fn fused_attention_fwd(
         q: CubeTensor,
@@ -255,32 +249,7 @@ impl FusedAttentionOps for CubeBackend {
         starts: CubeTensor,
         scale: f64,
     ) -> (CubeTensor, CubeTensor) {
-        let (q, k, v, starts) = (into_contiguous(q), into_contiguous(k), into_contiguous(v), into_contiguous(starts));
-        let (rows, h, kv, t, d) = attention_dims(&q, &k);
-        let qd = dims(&q);
-        let o = empty_like(&q, qd.clone());
-        let lse = empty_like(&q, qd[..3].to_vec());
-        let (count, cube) = grid(&q, rows);
-        let dtypes = [dtype_to_storage_type(q.dtype), dtype_to_storage_type(starts.dtype)];
-        kern::attention_fwd::launch(
-            &q.client.clone(),
-            count,
-            cube,
-            q.into_tensor_arg(),
-            k.into_tensor_arg(),
-            v.into_tensor_arg(),
-            starts.into_tensor_arg(),
-            o.clone().into_tensor_arg(),
-            lse.clone().into_tensor_arg(),
-            rows as u32,
-            h as u32,
-            kv as u32,
-            t as u32,
-            d as u32,
-            scale as f32,
-            dtypes,
-        );
-        (o, lse)
+        flash::launch::forward(q, k, v, starts, scale)
     }
 
     fn fused_attention_bwd(
@@ -293,58 +262,7 @@ impl FusedAttentionOps for CubeBackend {
         d_o: CubeTensor,
         scale: f64,
     ) -> (CubeTensor, CubeTensor, CubeTensor) {
-        let (q, k, v, starts) = (into_contiguous(q), into_contiguous(k), into_contiguous(v), into_contiguous(starts));
-        let (o, lse, d_o) = (into_contiguous(o), into_contiguous(lse), into_contiguous(d_o));
-        let (rows, h, kv, t, d) = attention_dims(&q, &k);
-        let dq = empty_like(&q, dims(&q));
-        let (dk, dv) = (empty_like(&k, dims(&k)), empty_like(&k, dims(&k)));
-        let dtypes = [dtype_to_storage_type(q.dtype), dtype_to_storage_type(starts.dtype)];
-        let client = q.client.clone();
-        let (count, cube) = grid(&q, rows);
-        kern::attention_bwd_dq::launch(
-            &client,
-            count,
-            cube,
-            q.clone().into_tensor_arg(),
-            k.clone().into_tensor_arg(),
-            v.clone().into_tensor_arg(),
-            starts.clone().into_tensor_arg(),
-            o.clone().into_tensor_arg(),
-            lse.clone().into_tensor_arg(),
-            d_o.clone().into_tensor_arg(),
-            dq.clone().into_tensor_arg(),
-            rows as u32,
-            h as u32,
-            kv as u32,
-            t as u32,
-            d as u32,
-            scale as f32,
-            dtypes,
-        );
-        let kv_rows = k.meta.num_elements() / d;
-        let (count, cube) = grid(&k, kv_rows);
-        kern::attention_bwd_dkv::launch(
-            &client,
-            count,
-            cube,
-            q.into_tensor_arg(),
-            k.into_tensor_arg(),
-            v.into_tensor_arg(),
-            starts.into_tensor_arg(),
-            o.into_tensor_arg(),
-            lse.into_tensor_arg(),
-            d_o.into_tensor_arg(),
-            dk.clone().into_tensor_arg(),
-            dv.clone().into_tensor_arg(),
-            kv_rows as u32,
-            h as u32,
-            kv as u32,
-            t as u32,
-            d as u32,
-            scale as f32,
-            dtypes,
-        );
-        (dq, dk, dv)
+        flash::launch::backward(q, k, v, starts, o, lse, d_o, scale)
     }
 
     fn fused_attention(q: CubeTensor, k: CubeTensor, v: CubeTensor, starts: CubeTensor, scale: f64) -> CubeTensor {

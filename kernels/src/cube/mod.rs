@@ -5,6 +5,7 @@
 //! for every CubeCL runtime, so the same code runs on both.
 
 mod adamw;
+mod flash;
 mod kernels;
 mod launch;
 mod reduce;

@@ -160,9 +160,12 @@ fn rms_norm_silu_mul_and_rope_match_the_reference() {
 fn flash_attention_matches_the_reference() {
     let s = seed();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(s);
-    // GQA, T = 1, T and D not multiples of anything; causal, and block-causal with documents
-    // ending at random positions (the reference: Burn's attention with the boolean mask).
-    for (b, h, kv, t, d) in [(2, 4, 2, 7, 8), (1, 2, 2, 1, 4), (1, 4, 1, 13, 12), (2, 2, 1, 40, 8)] {
+    // GQA, T = 1, T and D not multiples of anything; more queries than a cube's 64 rows and
+    // more keys than a shared-memory tile (64 rows; at D = 128 the software adapter's 32 KiB
+    // hold 31); causal, and block-causal with documents ending at random positions (the
+    // reference: Burn's attention with the boolean mask).
+    let shapes = [(2, 4, 2, 7, 8), (1, 2, 2, 1, 4), (1, 4, 1, 13, 12), (2, 2, 1, 40, 8), (2, 2, 1, 150, 16), (1, 2, 2, 70, 128)];
+    for (b, h, kv, t, d) in shapes {
         for block in [false, true] {
             let inputs =
                 [normal(b * h * t * d, &mut rng), normal(b * kv * t * d, &mut rng), normal(b * kv * t * d, &mut rng)];
@@ -313,5 +316,30 @@ fn sum_squares_matches_the_f64_sum() {
                 assert!((got - composed as f64).abs() <= 1e-4 * want.max(1.0), "n {n}: {got} vs Burn's {composed}");
             }
         }
+    }
+}
+
+/// The summed loss counts every row, also past the ≈ 2¹⁸ elements at which Burn's
+/// `square().sum()` stopped counting on the software adapter (the loss's plain `sum` of the
+/// per-row losses was right there: checked at this size): random logits over 2 classes,
+/// 300 001 rows, against the per-row losses summed in f64 on the host.
+#[test]
+fn cross_entropy_sum_counts_every_row() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed());
+    let (rows, v) = (300_001usize, 2usize);
+    let logits = normal(rows * v, &mut rng);
+    let targets: Vec<i64> = (0..rows).map(|_| rng.gen_range(0..v as i64)).collect();
+    let want: f64 = (0..rows)
+        .map(|r| {
+            let (a, b) = (logits[r * v] as f64, logits[r * v + 1] as f64);
+            let m = a.max(b);
+            m + ((a - m).exp() + (b - m).exp()).ln() - logits[r * v + targets[r] as usize] as f64
+        })
+        .sum();
+    for dev in devices().into_iter().map(|d| d.without_autodiff()) {
+        let x = Tensor::<3>::from_data(TensorData::new(logits.clone(), [1, rows, v]), &dev);
+        let tg = Tensor::<2, Int>::from_data(TensorData::new(targets.clone(), [1, rows]), &dev);
+        let got: f32 = crate::cross_entropy_sum(x, tg, true).into_scalar();
+        assert!((got as f64 - want).abs() <= 1e-5 * want, "{rows} rows on {dev:?}: {got} vs {want}");
     }
 }

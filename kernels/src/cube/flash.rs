@@ -1,0 +1,533 @@
+//! Causal (and block-causal) flash attention tiled in shared memory, forward and backward
+//! (FlashAttention-2's loop order): `q: [B, H, T, D]`, `k, v: [B, KV, T, D]` (GQA: query head `h`
+//! reads kv head `h / (H / KV)`); query `i` of batch row `b` sees keys `starts[b, i] ..= i`
+//! (documents packed in a row; all zero: plain causal; starts never decrease along a row).
+//!
+//! A cube of `block` threads owns `block` rows — neighbouring queries of one head (forward,
+//! `dq`) or neighbouring keys of one kv head (`dk`, `dv`) — each thread one row, its operands and
+//! accumulators in float32 registers (`D` is a compile-time constant; the loops over it are
+//! unrolled on GPUs, not on a software adapter, whose compiler splits every barrier into
+//! coroutines and took over 15 minutes on the unrolled kernels).
+//! The other side streams through shared memory `tile` rows at a time, loaded once per cube by
+//! all its threads with neighbouring threads reading neighbouring addresses, so every key (query)
+//! row is read from memory once per cube instead of once per thread; every thread then reads the
+//! same shared address at the same time (a broadcast). Only the tiles a block can see are loaded
+//! (from the block's first document start to its last row), the probabilities are recomputed in
+//! the backward from the saved log-sum-exp, and no `T × T` matrix exists. Float32 accumulation
+//! whatever the tensors' float type.
+
+use cubecl::prelude::*;
+
+/// Rows `r0 .. r0 + tile` of the row-major `[.., dim]` matrix starting at `base` in `src`, as
+/// float32, into `dst` (rows at or past `end` are left unwritten: no caller reads them), the
+/// cube's `units` threads striding over neighbouring elements.
+#[cube]
+fn load_tile<F: Float>(
+    src: &Tensor<F>,
+    base: usize,
+    r0: usize,
+    end: usize,
+    dst: &mut Shared<[f32]>,
+    #[comptime] tile: usize,
+    #[comptime] dim: usize,
+    #[comptime] units: usize,
+) {
+    let mut e = UNIT_POS as usize;
+    while e < comptime!(tile * dim) {
+        let r = r0 + e / dim;
+        if r < end {
+            dst[e] = f32::cast_from(src[base + r * dim + e % dim]);
+        }
+        e += units;
+    }
+}
+
+/// `Σ_c a[c] · s[base + c]` over the `dim` elements of a register row and a shared-memory row.
+#[cube]
+fn row_dot(a: &Array<f32>, s: &Shared<[f32]>, base: usize, #[comptime] dim: usize, #[comptime] unroll: bool) -> f32 {
+    let mut acc = 0.0f32;
+    #[unroll(unroll)]
+    for c in 0..dim {
+        acc += a[c] * s[base + c];
+    }
+    acc
+}
+
+/// Row `row` of a `[.., dim]` tensor into a float32 register array (`scale` times it).
+#[cube]
+fn load_row<F: Float>(
+    src: &Tensor<F>,
+    row: usize,
+    scale: f32,
+    #[comptime] dim: usize,
+    #[comptime] unroll: bool,
+) -> Array<f32> {
+    let mut a = Array::<f32>::new(dim);
+    #[unroll(unroll)]
+    for c in 0..dim {
+        a[c] = f32::cast_from(src[row * dim + c]) * scale;
+    }
+    a
+}
+
+/// Writes a float32 register row into row `row` of a `[.., dim]` tensor, times `scale`.
+#[cube]
+fn store_row<F: Float>(
+    dst: &mut Tensor<F>,
+    row: usize,
+    a: &Array<f32>,
+    scale: f32,
+    #[comptime] dim: usize,
+    #[comptime] unroll: bool,
+) {
+    #[unroll(unroll)]
+    for c in 0..dim {
+        dst[row * dim + c] = F::cast_from(a[c] * scale);
+    }
+}
+
+/// The document start of token `i` of batch row `b`.
+#[cube]
+fn start_of<I: Numeric>(starts: &Tensor<I>, b: usize, t: usize, i: usize) -> usize {
+    u32::cast_from(starts[b * t + i]) as usize
+}
+
+/// Forward: cube `c` holds queries `q0 .. q0 + block` of head row `bh = c / ⌈T / block⌉`;
+/// each thread keeps its query, output accumulator, running maximum and sum, and per key tile
+/// takes the tile's maximum first, so the accumulator is rescaled once a tile. Writes the output
+/// and the log-sum-exp of each row.
+#[cube(launch)]
+pub fn flash_fwd<F: Float, I: Numeric>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    starts: &Tensor<I>,
+    o: &mut Tensor<F>,
+    lse: &mut Tensor<F>,
+    batch_heads: u32,
+    heads: u32,
+    kv_heads: u32,
+    seq: u32,
+    scale: f32,
+    #[comptime] dim: usize,
+    #[comptime] tile: usize,
+    #[comptime] block: usize,
+    #[comptime] unroll: bool,
+    #[define(F, I)] _dtypes: [ElemType; 2],
+) {
+    let t = seq as usize;
+    let blocks = (t + block - 1) / block;
+    let bh = CUBE_POS / blocks;
+    if bh >= batch_heads as usize {
+        terminate!();
+    }
+    let (h_n, kv_n) = (heads as usize, kv_heads as usize);
+    let b = bh / h_n;
+    let kv_base = (b * kv_n + (bh % h_n) / (h_n / kv_n)) * t * dim;
+    let q0 = (CUBE_POS % blocks) * block;
+    let i = q0 + UNIT_POS as usize;
+    let live = i < t;
+    let mut hi = q0 + block;
+    if hi > t {
+        hi = t;
+    }
+    let row = bh * t + i;
+    let mut first = hi;
+    let mut qv = Array::<f32>::new(dim);
+    if live {
+        first = start_of::<I>(starts, b, t, i);
+        qv = load_row::<F>(q, row, scale, dim, unroll);
+    }
+    let mut acc = Array::<f32>::new(dim);
+    let mut scores = Array::<f32>::new(tile);
+    let mut ks = Shared::<[f32]>::new_slice(comptime!(tile * dim));
+    let mut vs = Shared::<[f32]>::new_slice(comptime!(tile * dim));
+    let mut m = comptime!(-3.0e38f32).runtime();
+    let mut l = 0.0f32;
+    let mut j0 = start_of::<I>(starts, b, t, q0);
+    while j0 < hi {
+        load_tile::<F>(k, kv_base, j0, hi, &mut ks, tile, dim, block);
+        load_tile::<F>(v, kv_base, j0, hi, &mut vs, tile, dim, block);
+        sync_cube();
+        if live {
+            let mut top = m;
+            for jj in 0..tile {
+                let j = j0 + jj;
+                if j >= first && j <= i {
+                    let s = row_dot(&qv, &ks, jj * dim, dim, unroll);
+                    scores[jj] = s;
+                    top = top.max(s);
+                }
+            }
+            let corr = (m - top).exp();
+            l *= corr;
+            #[unroll(unroll)]
+            for c in 0..dim {
+                acc[c] *= corr;
+            }
+            for jj in 0..tile {
+                let j = j0 + jj;
+                if j >= first && j <= i {
+                    let p = (scores[jj] - top).exp();
+                    l += p;
+                    #[unroll(unroll)]
+                    for c in 0..dim {
+                        acc[c] += p * vs[jj * dim + c];
+                    }
+                }
+            }
+            m = top;
+        }
+        sync_cube();
+        j0 += tile;
+    }
+    if live {
+        store_row::<F>(o, row, &acc, 1.0f32 / l, dim, unroll);
+        lse[row] = F::cast_from(m + l.ln());
+    }
+}
+
+/// `dq` (and `delta = rowsum(dO ∘ O)`, which the `dk`/`dv` pass reads): the forward's layout,
+/// key tiles streamed through shared memory, the probabilities recomputed from `lse`.
+#[cube(launch)]
+pub fn flash_bwd_dq<F: Float, I: Numeric>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    starts: &Tensor<I>,
+    o: &Tensor<F>,
+    lse: &Tensor<F>,
+    d_o: &Tensor<F>,
+    dq: &mut Tensor<F>,
+    delta: &mut Tensor<f32>,
+    batch_heads: u32,
+    heads: u32,
+    kv_heads: u32,
+    seq: u32,
+    scale: f32,
+    #[comptime] dim: usize,
+    #[comptime] tile: usize,
+    #[comptime] block: usize,
+    #[comptime] unroll: bool,
+    #[define(F, I)] _dtypes: [ElemType; 2],
+) {
+    let t = seq as usize;
+    let blocks = (t + block - 1) / block;
+    let bh = CUBE_POS / blocks;
+    if bh >= batch_heads as usize {
+        terminate!();
+    }
+    let (h_n, kv_n) = (heads as usize, kv_heads as usize);
+    let b = bh / h_n;
+    let kv_base = (b * kv_n + (bh % h_n) / (h_n / kv_n)) * t * dim;
+    let q0 = (CUBE_POS % blocks) * block;
+    let i = q0 + UNIT_POS as usize;
+    let live = i < t;
+    let mut hi = q0 + block;
+    if hi > t {
+        hi = t;
+    }
+    let row = bh * t + i;
+    let mut first = hi;
+    let mut qv = Array::<f32>::new(dim);
+    let mut dov = Array::<f32>::new(dim);
+    let mut row_lse = 0.0f32;
+    let mut dl = 0.0f32;
+    if live {
+        first = start_of::<I>(starts, b, t, i);
+        qv = load_row::<F>(q, row, scale, dim, unroll);
+        dov = load_row::<F>(d_o, row, 1.0f32, dim, unroll);
+        row_lse = f32::cast_from(lse[row]);
+        #[unroll(unroll)]
+        for c in 0..dim {
+            dl += dov[c] * f32::cast_from(o[row * dim + c]);
+        }
+        delta[row] = dl;
+    }
+    let mut acc = Array::<f32>::new(dim);
+    let mut ks = Shared::<[f32]>::new_slice(comptime!(tile * dim));
+    let mut vs = Shared::<[f32]>::new_slice(comptime!(tile * dim));
+    let mut j0 = start_of::<I>(starts, b, t, q0);
+    while j0 < hi {
+        load_tile::<F>(k, kv_base, j0, hi, &mut ks, tile, dim, block);
+        load_tile::<F>(v, kv_base, j0, hi, &mut vs, tile, dim, block);
+        sync_cube();
+        if live {
+            for jj in 0..tile {
+                let j = j0 + jj;
+                if j >= first && j <= i {
+                    let p = (row_dot(&qv, &ks, jj * dim, dim, unroll) - row_lse).exp();
+                    let ds = p * (row_dot(&dov, &vs, jj * dim, dim, unroll) - dl);
+                    #[unroll(unroll)]
+                    for c in 0..dim {
+                        acc[c] += ds * ks[jj * dim + c];
+                    }
+                }
+            }
+        }
+        sync_cube();
+        j0 += tile;
+    }
+    if live {
+        store_row::<F>(dq, row, &acc, scale, dim, unroll);
+    }
+}
+
+/// `dk` and `dv`: cube `c` holds keys `k0 .. k0 + block` of kv head row `c / ⌈T / block⌉`,
+/// each thread its key and value rows and their gradients; for every query head sharing the kv
+/// head, the query tiles from `k0` on stream through shared memory (queries, their output
+/// gradients, `lse`, `delta`, document starts) until a tile starts after the block's last key's
+/// document.
+#[cube(launch)]
+pub fn flash_bwd_dkv<F: Float, I: Numeric>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    starts: &Tensor<I>,
+    lse: &Tensor<F>,
+    delta: &Tensor<f32>,
+    d_o: &Tensor<F>,
+    dk: &mut Tensor<F>,
+    dv: &mut Tensor<F>,
+    batch_kv: u32,
+    heads: u32,
+    kv_heads: u32,
+    seq: u32,
+    scale: f32,
+    #[comptime] dim: usize,
+    #[comptime] tile: usize,
+    #[comptime] block: usize,
+    #[comptime] unroll: bool,
+    #[define(F, I)] _dtypes: [ElemType; 2],
+) {
+    let t = seq as usize;
+    let blocks = (t + block - 1) / block;
+    let bk = CUBE_POS / blocks;
+    if bk >= batch_kv as usize {
+        terminate!();
+    }
+    let (h_n, kv_n) = (heads as usize, kv_heads as usize);
+    let group = h_n / kv_n;
+    let b = bk / kv_n;
+    let kh = bk % kv_n;
+    let k0 = (CUBE_POS % blocks) * block;
+    let j = k0 + UNIT_POS as usize;
+    let live = j < t;
+    let mut last = k0 + block - 1;
+    if last >= t {
+        last = t - 1;
+    }
+    let row = bk * t + j;
+    let mut kr = Array::<f32>::new(dim);
+    let mut vr = Array::<f32>::new(dim);
+    if live {
+        kr = load_row::<F>(k, row, scale, dim, unroll);
+        vr = load_row::<F>(v, row, 1.0f32, dim, unroll);
+    }
+    let mut dka = Array::<f32>::new(dim);
+    let mut dva = Array::<f32>::new(dim);
+    let mut qs = Shared::<[f32]>::new_slice(comptime!(tile * dim));
+    let mut dos = Shared::<[f32]>::new_slice(comptime!(tile * dim));
+    let mut ls = Shared::<[f32]>::new_slice(tile);
+    let mut ds = Shared::<[f32]>::new_slice(tile);
+    let mut st = Shared::<[u32]>::new_slice(tile);
+    for g in 0..group {
+        let q_row0 = (b * h_n + kh * group + g) * t;
+        let mut i0 = k0;
+        while i0 < t {
+            // Starts never decrease along a row: from here on every query is in a later
+            // document than every key of the block (the same test in every thread).
+            if start_of::<I>(starts, b, t, i0) > last {
+                break;
+            }
+            load_tile::<F>(q, q_row0 * dim, i0, t, &mut qs, tile, dim, block);
+            load_tile::<F>(d_o, q_row0 * dim, i0, t, &mut dos, tile, dim, block);
+            let mut e = UNIT_POS as usize;
+            while e < tile {
+                let r = i0 + e;
+                if r < t {
+                    ls[e] = f32::cast_from(lse[q_row0 + r]);
+                    ds[e] = delta[q_row0 + r];
+                    st[e] = u32::cast_from(start_of::<I>(starts, b, t, r));
+                }
+                e += block;
+            }
+            sync_cube();
+            if live {
+                for ii in 0..tile {
+                    let i = i0 + ii;
+                    if i < t && i >= j && st[ii] as usize <= j {
+                        let p = (row_dot(&kr, &qs, ii * dim, dim, unroll) - ls[ii]).exp();
+                        let dsv = p * (row_dot(&vr, &dos, ii * dim, dim, unroll) - ds[ii]);
+                        #[unroll(unroll)]
+                        for c in 0..dim {
+                            dva[c] += p * dos[ii * dim + c];
+                            dka[c] += dsv * qs[ii * dim + c];
+                        }
+                    }
+                }
+            }
+            sync_cube();
+            i0 += tile;
+        }
+    }
+    if live {
+        store_row::<F>(dk, row, &dka, scale, dim, unroll);
+        store_row::<F>(dv, row, &dva, 1.0f32, dim, unroll);
+    }
+}
+
+/// The host side: tile sizes from the device's shared memory, and the launches.
+pub mod launch {
+    use burn::backend::cubecl::dtype_to_storage_type;
+    use burn::tensor::{DType, Shape};
+    use burn_cubecl::kernel::into_contiguous;
+    use burn_cubecl::ops::numeric::empty_device_dtype;
+    use burn_cubecl::tensor::CubeTensor;
+    use cubecl::{server::CubeCountSelection, CubeDim};
+
+    /// Threads (rows) per cube.
+    const BLOCK: usize = 64;
+
+    fn dims(t: &CubeTensor) -> Vec<usize> {
+        t.meta.shape().iter().copied().collect()
+    }
+
+    fn empty(like: &CubeTensor, shape: Vec<usize>, dtype: DType) -> CubeTensor {
+        empty_device_dtype(like.client.clone(), like.device.clone(), Shape::from(shape), dtype)
+    }
+
+    /// Rows a shared-memory tile holds: two float32 `[tile, dim]` tiles and three per-row
+    /// values fit the device's shared memory; at most 64.
+    fn tile(like: &CubeTensor, dim: usize) -> usize {
+        let bytes = like.client.properties().hardware.max_shared_memory_size;
+        (bytes / (8 * dim + 12)).clamp(1, 64)
+    }
+
+    /// `(B·H, H, KV, T, D)` of `q: [B, H, T, D]`, `k: [B, KV, T, D]`.
+    fn shape(q: &CubeTensor, k: &CubeTensor) -> (usize, usize, usize, usize, usize) {
+        let (qd, kd) = (dims(q), dims(k));
+        (qd[0] * qd[1], qd[1], kd[1], qd[2], qd[3])
+    }
+
+    /// Whether to unroll the loops over the head dim: on a GPU, not on a software adapter (no
+    /// physical device; LLVM's coroutine split over the unrolled kernels ran for minutes).
+    fn unroll(like: &CubeTensor) -> bool {
+        like.client.properties().identity.physical.is_some()
+    }
+
+    /// One cube per `BLOCK` rows of each of `heads` head rows of `t` tokens.
+    fn grid(like: &CubeTensor, heads: usize, t: usize) -> (cubecl::CubeCount, CubeDim) {
+        let cubes = heads * t.div_ceil(BLOCK);
+        (CubeCountSelection::new(&like.client, cubes as u32).cube_count(), CubeDim::new_1d(BLOCK as u32))
+    }
+
+    /// The output `[B, H, T, D]` and log-sum-exp `[B, H, T]` (in `q`'s float type).
+    pub fn forward(q: CubeTensor, k: CubeTensor, v: CubeTensor, starts: CubeTensor, scale: f64) -> (CubeTensor, CubeTensor) {
+        let (q, k, v, starts) = (into_contiguous(q), into_contiguous(k), into_contiguous(v), into_contiguous(starts));
+        let (bh, h, kv, t, d) = shape(&q, &k);
+        let o = empty(&q, dims(&q), q.dtype);
+        let lse = empty(&q, dims(&q)[..3].to_vec(), q.dtype);
+        let (count, cube) = grid(&q, bh, t);
+        let dtypes = [dtype_to_storage_type(q.dtype), dtype_to_storage_type(starts.dtype)];
+        let (tile, unroll) = (tile(&q, d), unroll(&q));
+        super::flash_fwd::launch(
+            &q.client.clone(),
+            count,
+            cube,
+            q.into_tensor_arg(),
+            k.into_tensor_arg(),
+            v.into_tensor_arg(),
+            starts.into_tensor_arg(),
+            o.clone().into_tensor_arg(),
+            lse.clone().into_tensor_arg(),
+            bh as u32,
+            h as u32,
+            kv as u32,
+            t as u32,
+            scale as f32,
+            d,
+            tile,
+            BLOCK,
+            unroll,
+            dtypes,
+        );
+        (o, lse)
+    }
+
+    /// `(dq, dk, dv)`: the `dq` pass (which also writes `rowsum(dO ∘ O)`), then the `dk`/`dv`
+    /// pass, on the same stream.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        starts: CubeTensor,
+        o: CubeTensor,
+        lse: CubeTensor,
+        d_o: CubeTensor,
+        scale: f64,
+    ) -> (CubeTensor, CubeTensor, CubeTensor) {
+        let (q, k, v, starts) = (into_contiguous(q), into_contiguous(k), into_contiguous(v), into_contiguous(starts));
+        let (o, lse, d_o) = (into_contiguous(o), into_contiguous(lse), into_contiguous(d_o));
+        let (bh, h, kv, t, d) = shape(&q, &k);
+        let dq = empty(&q, dims(&q), q.dtype);
+        let (dk, dv) = (empty(&k, dims(&k), k.dtype), empty(&k, dims(&k), k.dtype));
+        let delta = empty(&q, dims(&q)[..3].to_vec(), DType::F32);
+        let dtypes = [dtype_to_storage_type(q.dtype), dtype_to_storage_type(starts.dtype)];
+        let client = q.client.clone();
+        let (tile, unroll) = (tile(&q, d), unroll(&q));
+        let (count, cube) = grid(&q, bh, t);
+        super::flash_bwd_dq::launch(
+            &client,
+            count,
+            cube,
+            q.clone().into_tensor_arg(),
+            k.clone().into_tensor_arg(),
+            v.clone().into_tensor_arg(),
+            starts.clone().into_tensor_arg(),
+            o.into_tensor_arg(),
+            lse.clone().into_tensor_arg(),
+            d_o.clone().into_tensor_arg(),
+            dq.clone().into_tensor_arg(),
+            delta.clone().into_tensor_arg(),
+            bh as u32,
+            h as u32,
+            kv as u32,
+            t as u32,
+            scale as f32,
+            d,
+            tile,
+            BLOCK,
+            unroll,
+            dtypes,
+        );
+        let bkv = bh / h * kv;
+        let (count, cube) = grid(&k, bkv, t);
+        super::flash_bwd_dkv::launch(
+            &client,
+            count,
+            cube,
+            q.into_tensor_arg(),
+            k.into_tensor_arg(),
+            v.into_tensor_arg(),
+            starts.into_tensor_arg(),
+            lse.into_tensor_arg(),
+            delta.into_tensor_arg(),
+            d_o.into_tensor_arg(),
+            dk.clone().into_tensor_arg(),
+            dv.clone().into_tensor_arg(),
+            bkv as u32,
+            h as u32,
+            kv as u32,
+            t as u32,
+            scale as f32,
+            d,
+            tile,
+            BLOCK,
+            unroll,
+            dtypes,
+        );
+        (dq, dk, dv)
+    }
+}
