@@ -7,13 +7,15 @@
 //!
 //! On the CPU each group's panel is one rayon task running a single-threaded GEMM
 //! ([`crate::host::gemm::matmul`]), forward and backward, so the experts run in parallel with no
-//! loop of small Burn ops and no copy of the sorted rows. On CubeCL devices three kernels
-//! (`crate::cube`): one thread per output element, each finding its row's group from the sizes.
-//! With `fused = false`, [`reference`] loops over the groups with Burn's matmul (on CubeCL
+//! loop of small Burn ops and no copy of the sorted rows. On CubeCL devices one kernel
+//! (`crate::cube::grouped`) runs all three products, 64 × 64 output tiles of one group per cube,
+//! the inner dimension staged through shared memory, each cube finding its group from the sizes
+//! on the device. With `fused = false`, [`reference`] loops over the groups with Burn's matmul (on CubeCL
 //! devices cubek's tuned matmul, one per expert). On CubeCL devices with
 //! [`crate::choice::measuring`] on (`model.attention = "auto"`, the default) "fused" means the
 //! faster of the two, measured once per device and shape (rows rounded up to a power of two):
-//! on the H200 Burn's per-expert matmuls took 10 ms where our kernel took 85 ms.
+//! on the H200 Burn's per-expert matmuls took 10 ms where the first kernel (one thread per
+//! output element) took 85 ms.
 
 use crate::host::gemm::{matmul_into, View};
 use std::mem::MaybeUninit;
@@ -264,7 +266,8 @@ mod tests {
 
     /// The fused kernels (the CPU's and, with `wgpu`, the CubeCL ones on the software adapter)
     /// equal the per-group reference on the CPU in value and in both gradients, with empty
-    /// groups first, in the middle and last, and groups of sizes that are not multiples of 16.
+    /// groups first, in the middle and last, groups of sizes that are not multiples of 16, and
+    /// products spanning several of the GPU kernel's tiles.
     #[test]
     fn grouped_kernel_matches_the_per_group_reference() {
         let cpu = Device::flex().autodiff();
@@ -274,6 +277,8 @@ mod tests {
             (vec![4], 12, 10),
             (vec![2, 2, 0], 12, 10),
             (vec![17, 0, 40, 9, 0], 20, 33),
+            // More rows, columns and inner depth than one 64 × 64 tile and 16-deep slice.
+            (vec![70, 0, 130, 1], 80, 100),
         ];
         for dev in crate::ops::tests::devices() {
             for (sizes, k, n) in &cases {

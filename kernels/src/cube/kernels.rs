@@ -1,7 +1,7 @@
-//! The element-wise CubeCL kernels (SwiGLU, RoPE, the cross-entropy's backward) and the grouped
-//! expert GEMM, accumulating in the tensor's float type; the row reductions are in
-//! [`super::rows`], the tiled flash attention in [`super::flash`], AdamW in [`super::adamw`],
-//! the launch side in [`super::launch`].
+//! The element-wise CubeCL kernels (SwiGLU, RoPE, the cross-entropy's backward), computing in
+//! the tensor's float type; the row reductions are in [`super::rows`], the tiled flash attention
+//! in [`super::flash`], the grouped expert GEMM in [`super::grouped`], AdamW in
+//! [`super::adamw`], the launch side in [`super::launch`].
 
 use cubecl::prelude::*;
 
@@ -95,90 +95,4 @@ pub fn cross_entropy_bwd<F: Float, I: Numeric>(
         g = g - F::new(1.0);
     }
     dlogits[idx] = g * dloss[row];
-}
-
-/// The group of `row` (rows sorted by group, `sizes[g]` rows each) and the group's first row.
-#[cube]
-fn group_of<I: Numeric>(sizes: &Tensor<I>, groups: usize, row: usize) -> (usize, usize) {
-    let mut start = 0usize;
-    let mut g = 0usize;
-    let mut found = groups;
-    let mut found_start = 0usize;
-    while g < groups {
-        let end = start + u32::cast_from(sizes[g]) as usize;
-        if found == groups && row < end {
-            found = g;
-            found_start = start;
-        }
-        start = end;
-        g += 1;
-    }
-    (found, found_start)
-}
-
-/// The row products of the grouped GEMM, one thread per element of `out: [m, width]`:
-/// `out[r, c] = Σ_i a[r, i] · w[g(r)·group_stride + c·col_stride + i·inner_stride]` with
-/// `a: [m, inner]`. Forward: `a = x`, `w[g]` read as `[k, n]` (`col_stride` 1, `inner_stride`
-/// n); input gradient: `a = dy`, `w[g]` read transposed (`col_stride` n, `inner_stride` 1).
-#[cube(launch)]
-pub fn grouped_mm_rows<F: Float, I: Numeric>(
-    a: &Tensor<F>,
-    w: &Tensor<F>,
-    sizes: &Tensor<I>,
-    out: &mut Tensor<F>,
-    m: u32,
-    inner: u32,
-    width: u32,
-    group_stride: u32,
-    col_stride: u32,
-    inner_stride: u32,
-    groups: u32,
-    #[define(F, I)] _dtypes: [ElemType; 2],
-) {
-    let idx = ABSOLUTE_POS as usize;
-    let (ki, wd) = (inner as usize, width as usize);
-    if idx >= m as usize * wd {
-        terminate!();
-    }
-    let (r, c) = (idx / wd, idx % wd);
-    let (g, _) = group_of::<I>(sizes, groups as usize, r);
-    let wb = g * group_stride as usize + c * col_stride as usize;
-    let mut acc = F::new(0.0);
-    for i in 0..ki {
-        acc = acc + a[r * ki + i] * w[wb + i * inner_stride as usize];
-    }
-    out[idx] = acc;
-}
-
-/// Grouped GEMM weight gradient: `dw[g, j, c] = Σ_{r of g} x[r, j] · dy[r, c]`, one thread per
-/// element of `dw: [groups, k, n]` (zero for a group without rows).
-#[cube(launch)]
-pub fn grouped_mm_dw<F: Float, I: Numeric>(
-    x: &Tensor<F>,
-    sizes: &Tensor<I>,
-    dy: &Tensor<F>,
-    dw: &mut Tensor<F>,
-    k: u32,
-    n: u32,
-    groups: u32,
-    #[define(F, I)] _dtypes: [ElemType; 2],
-) {
-    let idx = ABSOLUTE_POS as usize;
-    let (kk, nn) = (k as usize, n as usize);
-    if idx >= groups as usize * kk * nn {
-        terminate!();
-    }
-    let g = idx / (kk * nn);
-    let j = (idx / nn) % kk;
-    let c = idx % nn;
-    let mut start = 0usize;
-    for p in 0..g {
-        start += u32::cast_from(sizes[p]) as usize;
-    }
-    let rows = u32::cast_from(sizes[g]) as usize;
-    let mut acc = F::new(0.0);
-    for r in start..start + rows {
-        acc = acc + x[r * kk + j] * dy[r * nn + c];
-    }
-    dw[idx] = acc;
 }

@@ -1,7 +1,7 @@
 //! Launching the kernels of [`super::kernels`] on burn's CubeCL tensors.
 
 use super::kernels as kern;
-use super::{adamw as adamw_kernel, flash, reduce, rows, rows_serial, tune};
+use super::{adamw as adamw_kernel, flash, grouped, reduce, rows, rows_serial, tune};
 use crate::attention::FusedAttentionOps;
 use crate::grouped::GroupedOps;
 use crate::ops::{AdamWStep, KernelOps};
@@ -270,67 +270,15 @@ impl FusedAttentionOps for CubeBackend {
     }
 }
 
-/// `(m, k, n, groups)` of `x: [m, k]` and `w: [groups, k, n]`.
-fn grouped_dims(x: &CubeTensor, w: &CubeTensor) -> (usize, usize, usize, usize) {
-    let (xd, wd) = (dims(x), dims(w));
-    (xd[0], xd[1], wd[2], wd[0])
-}
-
-/// Launches [`kern::grouped_mm_rows`]: `out: [m, width]` from `a: [m, inner]` and the groups'
-/// matrices of `w` read with `strides` `(group, column, inner)`.
-fn grouped_rows(a: &CubeTensor, w: &CubeTensor, sizes: &CubeTensor, width: usize, strides: [usize; 3]) -> CubeTensor {
-    let (m, inner, groups) = (dims(a)[0], dims(a)[1], dims(w)[0]);
-    let out = empty_like(a, vec![m, width]);
-    let (count, cube) = grid(a, m * width);
-    let dtypes = [dtype_to_storage_type(a.dtype), dtype_to_storage_type(sizes.dtype)];
-    kern::grouped_mm_rows::launch(
-        &a.client.clone(),
-        count,
-        cube,
-        a.clone().into_tensor_arg(),
-        w.clone().into_tensor_arg(),
-        sizes.clone().into_tensor_arg(),
-        out.clone().into_tensor_arg(),
-        m as u32,
-        inner as u32,
-        width as u32,
-        strides[0] as u32,
-        strides[1] as u32,
-        strides[2] as u32,
-        groups as u32,
-        dtypes,
-    );
-    out
-}
-
 impl GroupedOps for CubeBackend {
     fn grouped_mm_fwd(x: CubeTensor, w: CubeTensor, sizes: CubeTensor) -> CubeTensor {
         let (x, w, sizes) = (into_contiguous(x), into_contiguous(w), into_contiguous(sizes));
-        let (_, k, n, _) = grouped_dims(&x, &w);
-        grouped_rows(&x, &w, &sizes, n, [k * n, 1, n])
+        grouped::launch::forward(&x, &w, &sizes)
     }
 
     fn grouped_mm_bwd(x: CubeTensor, w: CubeTensor, sizes: CubeTensor, dy: CubeTensor) -> (CubeTensor, CubeTensor) {
         let (x, w) = (into_contiguous(x), into_contiguous(w));
         let (sizes, dy) = (into_contiguous(sizes), into_contiguous(dy));
-        let (_, k, n, groups) = grouped_dims(&x, &w);
-        let dx = grouped_rows(&dy, &w, &sizes, k, [k * n, n, 1]);
-        let dw = empty_like(&w, vec![groups, k, n]);
-        let dtypes = [dtype_to_storage_type(x.dtype), dtype_to_storage_type(sizes.dtype)];
-        let (count, cube) = grid(&x, groups * k * n);
-        kern::grouped_mm_dw::launch(
-            &x.client.clone(),
-            count,
-            cube,
-            x.into_tensor_arg(),
-            sizes.into_tensor_arg(),
-            dy.into_tensor_arg(),
-            dw.clone().into_tensor_arg(),
-            k as u32,
-            n as u32,
-            groups as u32,
-            dtypes,
-        );
-        (dx, dw)
+        (grouped::launch::input_grad(&dy, &w, &sizes), grouped::launch::weight_grad(&x, &dy, &sizes))
     }
 }

@@ -6,6 +6,7 @@
 
 mod adamw;
 mod flash;
+mod grouped;
 mod kernels;
 mod launch;
 mod reduce;
