@@ -92,6 +92,37 @@ fn start_of<I: Numeric>(starts: &Tensor<I>, b: usize, t: usize, i: usize) -> usi
     u32::cast_from(starts[b * t + i]) as usize
 }
 
+/// The rows a cube owns: rows `start .. end` (at most `block`, neighbouring) of head row `head`
+/// of a `[heads, T]` layout, `mine` the calling thread's (`live`: inside the sequence).
+#[derive(CubeType)]
+struct Block {
+    head: usize,
+    start: usize,
+    end: usize,
+    mine: usize,
+    live: bool,
+}
+
+#[cube]
+fn cube_block(seq: u32, #[comptime] block: usize) -> Block {
+    let t = seq as usize;
+    let blocks = (t + block - 1) / block;
+    let start = (CUBE_POS % blocks) * block;
+    let mine = start + UNIT_POS as usize;
+    let mut end = start + block;
+    if end > t {
+        end = t;
+    }
+    Block { head: CUBE_POS / blocks, start, end, mine, live: mine < t }
+}
+
+/// The offset in `[B, KV, T, D]` of the K/V rows query head row `head` (of `[B, H]`) reads.
+#[cube]
+fn kv_base(head: usize, heads: u32, kv_heads: u32, t: usize, #[comptime] dim: usize) -> usize {
+    let (h_n, kv_n) = (heads as usize, kv_heads as usize);
+    ((head / h_n) * kv_n + (head % h_n) / (h_n / kv_n)) * t * dim
+}
+
 /// Forward: cube `c` holds queries `q0 .. q0 + block` of head row `bh = c / ⌈T / block⌉`;
 /// each thread keeps its query, output accumulator, running maximum and sum, and per key tile
 /// takes the tile's maximum first, so the accumulator is rescaled once a tile. Writes the output
@@ -115,22 +146,13 @@ pub fn flash_fwd<F: Float, I: Numeric>(
     #[comptime] unroll: bool,
     #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
-    let t = seq as usize;
-    let blocks = (t + block - 1) / block;
-    let bh = CUBE_POS / blocks;
-    if bh >= batch_heads as usize {
+    let blk = cube_block(seq, block);
+    if blk.head >= batch_heads as usize {
         terminate!();
     }
-    let (h_n, kv_n) = (heads as usize, kv_heads as usize);
-    let b = bh / h_n;
-    let kv_base = (b * kv_n + (bh % h_n) / (h_n / kv_n)) * t * dim;
-    let q0 = (CUBE_POS % blocks) * block;
-    let i = q0 + UNIT_POS as usize;
-    let live = i < t;
-    let mut hi = q0 + block;
-    if hi > t {
-        hi = t;
-    }
+    let (t, bh) = (seq as usize, blk.head);
+    let (b, kv_base) = (bh / heads as usize, kv_base(bh, heads, kv_heads, t, dim));
+    let (q0, i, hi, live) = (blk.start, blk.mine, blk.end, blk.live);
     let row = bh * t + i;
     let mut first = hi;
     let mut qv = Array::<f32>::new(dim);
@@ -211,22 +233,13 @@ pub fn flash_bwd_dq<F: Float, I: Numeric>(
     #[comptime] unroll: bool,
     #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
-    let t = seq as usize;
-    let blocks = (t + block - 1) / block;
-    let bh = CUBE_POS / blocks;
-    if bh >= batch_heads as usize {
+    let blk = cube_block(seq, block);
+    if blk.head >= batch_heads as usize {
         terminate!();
     }
-    let (h_n, kv_n) = (heads as usize, kv_heads as usize);
-    let b = bh / h_n;
-    let kv_base = (b * kv_n + (bh % h_n) / (h_n / kv_n)) * t * dim;
-    let q0 = (CUBE_POS % blocks) * block;
-    let i = q0 + UNIT_POS as usize;
-    let live = i < t;
-    let mut hi = q0 + block;
-    if hi > t {
-        hi = t;
-    }
+    let (t, bh) = (seq as usize, blk.head);
+    let (b, kv_base) = (bh / heads as usize, kv_base(bh, heads, kv_heads, t, dim));
+    let (q0, i, hi, live) = (blk.start, blk.mine, blk.end, blk.live);
     let row = bh * t + i;
     let mut first = hi;
     let mut qv = Array::<f32>::new(dim);
@@ -300,23 +313,13 @@ pub fn flash_bwd_dkv<F: Float, I: Numeric>(
     #[comptime] unroll: bool,
     #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
-    let t = seq as usize;
-    let blocks = (t + block - 1) / block;
-    let bk = CUBE_POS / blocks;
-    if bk >= batch_kv as usize {
+    let blk = cube_block(seq, block);
+    if blk.head >= batch_kv as usize {
         terminate!();
     }
-    let (h_n, kv_n) = (heads as usize, kv_heads as usize);
-    let group = h_n / kv_n;
-    let b = bk / kv_n;
-    let kh = bk % kv_n;
-    let k0 = (CUBE_POS % blocks) * block;
-    let j = k0 + UNIT_POS as usize;
-    let live = j < t;
-    let mut last = k0 + block - 1;
-    if last >= t {
-        last = t - 1;
-    }
+    let (t, bk, h_n, kv_n) = (seq as usize, blk.head, heads as usize, kv_heads as usize);
+    let (group, b, kh) = (h_n / kv_n, bk / kv_n, bk % kv_n);
+    let (k0, j, last, live) = (blk.start, blk.mine, blk.end - 1, blk.live);
     let row = bk * t + j;
     let mut kr = Array::<f32>::new(dim);
     let mut vr = Array::<f32>::new(dim);
@@ -379,23 +382,15 @@ pub fn flash_bwd_dkv<F: Float, I: Numeric>(
 
 /// The host side: tile sizes from the device's shared memory, and the launches.
 pub mod launch {
+    use crate::cube::{dims, empty, unroll_loops as unroll};
     use burn::backend::cubecl::dtype_to_storage_type;
-    use burn::tensor::{DType, Shape};
+    use burn::tensor::DType;
     use burn_cubecl::kernel::into_contiguous;
-    use burn_cubecl::ops::numeric::empty_device_dtype;
     use burn_cubecl::tensor::CubeTensor;
     use cubecl::{server::CubeCountSelection, CubeDim};
 
     /// Threads (rows) per cube.
     const BLOCK: usize = 64;
-
-    fn dims(t: &CubeTensor) -> Vec<usize> {
-        t.meta.shape().iter().copied().collect()
-    }
-
-    fn empty(like: &CubeTensor, shape: Vec<usize>, dtype: DType) -> CubeTensor {
-        empty_device_dtype(like.client.clone(), like.device.clone(), Shape::from(shape), dtype)
-    }
 
     /// Rows a shared-memory tile holds: two float32 `[tile, dim]` tiles and three per-row
     /// values fit the device's shared memory; at most 64.
@@ -408,12 +403,6 @@ pub mod launch {
     fn shape(q: &CubeTensor, k: &CubeTensor) -> (usize, usize, usize, usize, usize) {
         let (qd, kd) = (dims(q), dims(k));
         (qd[0] * qd[1], qd[1], kd[1], qd[2], qd[3])
-    }
-
-    /// Whether to unroll the loops over the head dim: on a GPU, not on a software adapter (no
-    /// physical device; LLVM's coroutine split over the unrolled kernels ran for minutes).
-    fn unroll(like: &CubeTensor) -> bool {
-        like.client.properties().identity.physical.is_some()
     }
 
     /// One cube per `BLOCK` rows of each of `heads` head rows of `t` tokens.

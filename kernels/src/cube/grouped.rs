@@ -14,6 +14,37 @@ use cubecl::prelude::*;
 const TILE: usize = 64;
 const SLICE: usize = 16;
 
+/// Element `e` (of `TILE × SLICE`) of a tile staged as `tile[p · TILE + x]`: entry
+/// `(x0 + x, p0 + p)` of the matrix at `base` in `src` with strides `x_stride`, `p_stride` (zero
+/// outside `x_end × p_end`). Neighbouring `e` take neighbouring addresses along whichever axis is
+/// contiguous in memory.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn stage<F: Float>(
+    src: &Tensor<F>,
+    base: usize,
+    e: usize,
+    x0: usize,
+    x_end: usize,
+    x_stride: usize,
+    p0: usize,
+    p_end: usize,
+    p_stride: usize,
+    tile: &mut Shared<[f32]>,
+) {
+    let mut x = e % TILE;
+    let mut p = e / TILE;
+    if p_stride == 1 {
+        x = e / SLICE;
+        p = e % SLICE;
+    }
+    let mut v = 0.0f32;
+    if x0 + x < x_end && p0 + p < p_end {
+        v = f32::cast_from(src[base + (x0 + x) * x_stride + (p0 + p) * p_stride]);
+    }
+    tile[p * TILE + x] = v;
+}
+
 /// `C_g = A_g · B_g` for every group `g` of `sizes` (rows sorted by group; `off` = the rows of
 /// the groups before `g`): `A_g[i, p] = a[off·a_step + i·a_rs + p·a_cs]`,
 /// `B_g[p, j] = b[g·b_group + off·b_step + p·b_rs + j·b_cs]`,
@@ -78,33 +109,12 @@ pub fn grouped_gemm<F: Float, I: Numeric>(
     let mut b_tile = Shared::<[f32]>::new_slice(comptime!(TILE * SLICE));
     let mut k0 = 0usize;
     while k0 < inner {
-        // 1 024 elements of each tile, 4 a thread; neighbouring threads take neighbouring
-        // addresses along whichever axis is contiguous in memory.
+        // 1 024 elements of each tile, 4 a thread.
         #[unroll(unroll)]
         for r in 0..4usize {
             let e = tid + r * 256;
-            let mut i = e % TILE;
-            let mut p = e / TILE;
-            if a_cs == 1 {
-                i = e / SLICE;
-                p = e % SLICE;
-            }
-            let mut va = 0.0f32;
-            if row0 + i < m && k0 + p < inner {
-                va = f32::cast_from(a[a_base + (row0 + i) * a_rs + (k0 + p) * a_cs]);
-            }
-            a_tile[p * TILE + i] = va;
-            let mut q = e % SLICE;
-            let mut j = e / SLICE;
-            if b_cs == 1 {
-                q = e / TILE;
-                j = e % TILE;
-            }
-            let mut vb = 0.0f32;
-            if k0 + q < inner && col0 + j < nn {
-                vb = f32::cast_from(b[b_base + (k0 + q) * b_rs + (col0 + j) * b_cs]);
-            }
-            b_tile[q * TILE + j] = vb;
+            stage::<F>(a, a_base, e, row0, m, a_rs, k0, inner, a_cs, &mut a_tile);
+            stage::<F>(b, b_base, e, col0, nn, b_cs, k0, inner, b_rs, &mut b_tile);
         }
         sync_cube();
         for p in 0..SLICE {
@@ -135,15 +145,10 @@ pub fn grouped_gemm<F: Float, I: Numeric>(
 /// The host side: the three products' strides and grids.
 pub mod launch {
     use super::TILE;
+    use crate::cube::{dims, empty, unroll_loops};
     use burn::backend::cubecl::dtype_to_storage_type;
-    use burn::tensor::Shape;
-    use burn_cubecl::ops::numeric::empty_device_dtype;
     use burn_cubecl::tensor::CubeTensor;
     use cubecl::{CubeCount, CubeDim};
-
-    fn dims(t: &CubeTensor) -> Vec<usize> {
-        t.meta.shape().iter().copied().collect()
-    }
 
     /// Strides of one product (see [`super::grouped_gemm`]).
     struct Strides {
@@ -166,9 +171,9 @@ pub mod launch {
         rows_mode: bool,
         cubes_y: usize,
     ) -> CubeTensor {
-        let out = empty_device_dtype(a.client.clone(), a.device.clone(), Shape::from(shape), a.dtype);
+        let out = empty(a, shape, a.dtype);
         let groups = dims(sizes)[0];
-        let unroll = a.client.properties().identity.physical.is_some();
+        let unroll = unroll_loops(a);
         let dtypes = [dtype_to_storage_type(a.dtype), dtype_to_storage_type(sizes.dtype)];
         super::grouped_gemm::launch(
             &a.client.clone(),

@@ -1,21 +1,19 @@
 //! Launching the kernels of [`super::kernels`] on burn's CubeCL tensors.
 
 use super::kernels as kern;
-use super::{adamw as adamw_kernel, flash, grouped, reduce, rows, rows_serial, tune};
+use super::{adamw as adamw_kernel, dims, empty, flash, grouped, reduce, rows, rows_serial, tune};
 use crate::attention::FusedAttentionOps;
 use crate::grouped::GroupedOps;
 use crate::ops::{AdamWStep, KernelOps};
 use burn::backend::cubecl::dtype_to_storage_type;
-use burn::tensor::Shape;
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use cubecl::{calculate_cube_count_elemwise, server::CubeCountSelection, CubeCount, CubeDim};
 
 /// An uninitialised tensor of `shape` on `like`'s device, with its float type.
 fn empty_like(like: &CubeTensor, shape: Vec<usize>) -> CubeTensor {
-    empty_device_dtype(like.client.clone(), like.device.clone(), Shape::from(shape), like.dtype)
+    empty(like, shape, like.dtype)
 }
 
 /// One thread per item of `n`.
@@ -31,10 +29,6 @@ fn row_grid(like: &CubeTensor, rows: usize) -> (CubeCount, CubeDim, usize) {
     let units = reduce::launch::units(like);
     let count = CubeCountSelection::new(&like.client, rows as u32).cube_count();
     (count, CubeDim::new_1d(units as u32), units)
-}
-
-fn dims(t: &CubeTensor) -> Vec<usize> {
-    t.meta.shape().iter().copied().collect()
 }
 
 /// `(rows, last dim)` of a tensor seen as a matrix over its last dimension.

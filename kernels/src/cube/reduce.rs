@@ -123,9 +123,9 @@ pub fn sum_partials<F: Float>(
 
 /// The host side: launching the two passes on burn's CubeCL tensors.
 pub mod launch {
-    use burn::tensor::{DType, Shape};
+    use crate::cube::{dims, empty};
+    use burn::tensor::DType;
     use burn_cubecl::kernel::into_contiguous;
-    use burn_cubecl::ops::numeric::empty_device_dtype;
     use burn_cubecl::tensor::CubeTensor;
     use cubecl::{CubeCount, CubeDim};
 
@@ -133,10 +133,6 @@ pub mod launch {
     pub(in crate::cube) fn units(like: &CubeTensor) -> usize {
         let max = like.client.properties().hardware.max_units_per_cube.max(1);
         256usize.min(1 << max.ilog2())
-    }
-
-    fn empty(like: &CubeTensor, shape: Vec<usize>, dtype: DType) -> CubeTensor {
-        empty_device_dtype(like.client.clone(), like.device.clone(), Shape::from(shape), dtype)
     }
 
     /// Adds the `parts` partial results of `partial: [parts, width]` into `[width]` of `dtype`.
@@ -181,7 +177,7 @@ pub mod launch {
     /// The column sums `[cols]` of `x: [rows, cols]` (contiguous), in `x`'s float type.
     pub fn column_sum(x: CubeTensor) -> CubeTensor {
         let x = into_contiguous(x);
-        let shape: Vec<usize> = x.meta.shape().iter().copied().collect();
+        let shape = dims(&x);
         let (rows, cols) = (shape[0], shape[1]);
         let lanes = (units(&x) / 32).max(1);
         // Enough row chunks to fill the device (≥ 64 rows each), at most 64 partials a column.
