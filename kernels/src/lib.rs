@@ -206,6 +206,16 @@ pub fn resolve_sum_squares(sums: Vec<SumSquares>) -> Vec<f64> {
         .collect()
 }
 
+/// `[Σ x]` over every element, differentiable. On CubeCL devices in two fixed passes of f32
+/// partial sums ([`ops::KernelOps::sum_all_fwd`]; Burn's sum lost rows there on the software
+/// adapter), elsewhere Burn's sum.
+pub fn sum_all<const D: usize>(x: Tensor<D>) -> Tensor<1> {
+    if has_kernels(&x.device()) {
+        return ops::sum_all(x);
+    }
+    x.sum()
+}
+
 /// Cross-entropy summed over positions (`logits: [B, T, V]`, `targets: [B, T]`).
 pub fn cross_entropy_sum(logits: Tensor<3>, targets: Tensor<2, Int>, fused: bool) -> Tensor<1> {
     if fused && has_kernels(&logits.device()) {

@@ -28,5 +28,5 @@ pub fn vocab_parallel_cross_entropy_sum(logits: Tensor<3>, targets: Tensor<2, In
     let mine = local.clone().greater_equal_elem(0).bool_and(local.clone().lower_elem(v as i64));
     let idx = local.mask_fill(mine.clone().bool_not(), 0);
     let target_logit = reduce_from_group(z.gather(1, idx) * mine.float(), g);
-    (sum_exp.log() - target_logit).sum()
+    titan_kernels::sum_all(sum_exp.log() - target_logit)
 }

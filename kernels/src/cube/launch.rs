@@ -233,6 +233,10 @@ impl KernelOps for CubeBackend {
     fn sum_squares(x: CubeTensor) -> CubeTensor {
         reduce::launch::sum_squares(x)
     }
+
+    fn sum_all_fwd(x: CubeTensor) -> CubeTensor {
+        reduce::launch::sum_all(x)
+    }
 }
 
 impl FusedAttentionOps for CubeBackend {

@@ -1,5 +1,5 @@
-//! Deterministic sums in two passes, no atomics: `Σ x²` over a whole tensor (the gradient
-//! norm's squares) and the column sums of a `[rows, cols]` matrix (RMSNorm's weight gradient).
+//! Deterministic sums in two passes, no atomics: `Σ x²` and `Σ x` over a whole tensor (the
+//! gradient norm's squares, the summed loss) and the column sums of a `[rows, cols]` matrix (RMSNorm's weight gradient).
 //! Burn's reductions gave wrong results on Mesa's software adapter once a reduced axis passed
 //! ≈ 65 535 elements (sum of squares of 10⁶ normal values: 261 303 instead of 998 623;
 //! `sum_dim(0)` of `[65 534, 4]` off by 2.0), and Burn's full sums may add partial results
@@ -33,14 +33,15 @@ pub fn cube_reduce(shared: &mut Shared<[f32]>, v: f32, #[comptime] units: usize,
     out
 }
 
-/// Pass 1 of `Σ x²`: cube `c` of `cubes` writes `partial[c]`, the sum of the squares of the
-/// elements `i ≡ c · units + u (mod cubes · units)`.
+/// Pass 1 of `Σ x²` (`square`) or `Σ x`: cube `c` of `cubes` writes `partial[c]`, the sum of
+/// the (squared) elements `i ≡ c · units + u (mod cubes · units)`.
 #[cube(launch)]
-pub fn sum_squares_partial<F: Float>(
+pub fn sum_partial<F: Float>(
     x: &Tensor<F>,
     partial: &mut Tensor<f32>,
     n: u32,
     #[comptime] units: usize,
+    #[comptime] square: bool,
     #[define(F)] _dtype: ElemType,
 ) {
     let stride = CUBE_COUNT * units;
@@ -48,7 +49,11 @@ pub fn sum_squares_partial<F: Float>(
     let mut s = 0.0f32;
     while i < n as usize {
         let v = f32::cast_from(x[i]);
-        s += v * v;
+        if square {
+            s += v * v;
+        } else {
+            s += v;
+        }
         i += stride;
     }
     let mut shared = Shared::<[f32]>::new_slice(units);
@@ -155,13 +160,24 @@ pub mod launch {
     /// `[Σ x²]` of every element of `x`, as float32 whatever `x`'s type (a float16 sum of
     /// squares overflows at 65 504).
     pub fn sum_squares(x: CubeTensor) -> CubeTensor {
+        sum(x, true, DType::F32)
+    }
+
+    /// `[Σ x]` of every element of `x`, added in float32, returned in `x`'s float type.
+    pub fn sum_all(x: CubeTensor) -> CubeTensor {
+        let dtype = x.dtype;
+        sum(x, false, dtype)
+    }
+
+    /// `[Σ x²]` (`square`) or `[Σ x]` as `dtype`: float32 partials of up to 1 024 cubes, then added in order.
+    fn sum(x: CubeTensor, square: bool, dtype: DType) -> CubeTensor {
         let x = into_contiguous(x);
         let n = x.meta.num_elements();
         let units = units(&x);
         // Up to 16 elements a thread before more cubes are added; at most 1 024 partials.
         let cubes = n.div_ceil(units * 16).clamp(1, 1024);
         let partial = empty(&x, vec![cubes], DType::F32);
-        super::sum_squares_partial::launch(
+        super::sum_partial::launch(
             &x.client.clone(),
             CubeCount::new_1d(cubes as u32),
             CubeDim::new_1d(units as u32),
@@ -169,9 +185,10 @@ pub mod launch {
             partial.clone().into_tensor_arg(),
             n as u32,
             units,
+            square,
             burn::backend::cubecl::dtype_to_storage_type(x.dtype),
         );
-        finish(partial, &x, cubes, 1, DType::F32)
+        finish(partial, &x, cubes, 1, dtype)
     }
 
     /// The column sums `[cols]` of `x: [rows, cols]` (contiguous), in `x`'s float type.

@@ -13,7 +13,8 @@ use burn::backend::autodiff::{
     ops::{Backward, Ops, OpsKind},
     Autodiff, NodeId,
 };
-use burn::backend::{tensor::FloatTensor, tensor::IntTensor, AutodiffBackend, Backend};
+use burn::backend::{tensor::FloatTensor, tensor::IntTensor, AutodiffBackend, Backend, TensorMetadata};
+use burn::tensor::Shape;
 
 #[derive(Debug)]
 struct RmsNormBackward;
@@ -87,6 +88,22 @@ impl<B: Backend + KernelOps> Backward<B, 1> for CrossEntropyBackward {
         let dlogits = B::cross_entropy_bwd(logits, targets, lse, dloss);
         if let Some(node) = node_logits {
             grads.register::<B>(node.id, dlogits);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct SumAllBackward;
+
+impl<B: Backend + KernelOps> Backward<B, 1> for SumAllBackward {
+    type State = Shape;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _c: &mut Checkpointer) {
+        let [node_x] = ops.parents;
+        let dy = grads.consume::<B>(&ops.node);
+        if let Some(node) = node_x {
+            let rank1 = B::float_reshape(dy, Shape::from(vec![1usize; ops.state.num_dims()]));
+            grads.register::<B>(node.id, B::float_expand(rank1, ops.state));
         }
     }
 }
@@ -271,6 +288,19 @@ impl<B: Backend + KernelOps, C: CheckpointStrategy> KernelOps for Autodiff<B, C>
 
     fn sum_squares(x: FloatTensor<Self>) -> FloatTensor<Self> {
         Self::from_inner(B::sum_squares(x.into_primitive()))
+    }
+
+    fn sum_all_fwd(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::from_inner(B::sum_all_fwd(x.into_primitive()))
+    }
+
+    fn sum_all(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let shape = x.shape();
+        let y = B::sum_all_fwd(x.clone().into_primitive());
+        match SumAllBackward.prepare::<C>([x.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish(shape, y),
+            OpsKind::UnTracked(prep) => prep.finish(y),
+        }
     }
 
     fn linear(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {

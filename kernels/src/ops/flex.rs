@@ -85,6 +85,10 @@ impl KernelOps for Flex {
         Flex::float_from_data(TensorData::new(vec![s as f32], [1]), &x.device())
     }
 
+    fn sum_all_fwd(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        Flex::float_sum(x)
+    }
+
     fn matmul(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
         let (Some(av), Some(bv)) = (view(&a), view(&b)) else {
             return Flex::float_matmul(a, b);

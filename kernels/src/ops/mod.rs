@@ -125,6 +125,19 @@ pub trait KernelOps: Backend {
     #[fusion(meta = |_x| TensorSpec::new(Shape::new([1]), burn::tensor::DType::F32))]
     fn sum_squares(x: FloatTensor<Self>) -> FloatTensor<Self>;
 
+    /// `[Σ x]` over every element of `x`, in `x`'s float type: Burn's sum on the CPU (the
+    /// values it always gave), on CubeCL devices the two fixed passes of [`Self::sum_squares`]
+    /// without the squares — Burn's sum there lost rows on Mesa's software adapter (300 001
+    /// per-row losses summed to 59 136 instead of 270 640 on CI's machine).
+    #[fusion(meta = |x| TensorSpec::new(Shape::new([1]), x.dtype))]
+    fn sum_all_fwd(x: FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// The differentiable [`Self::sum_all_fwd`] (its gradient: the output's, broadcast).
+    #[fusion(default)]
+    fn sum_all(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::sum_all_fwd(x)
+    }
+
     /// The differentiable bias-free linear layer `x · w` (`x: [rows, d_in]`, `w: [d_in, d_out]`),
     /// its three products (forward, `dy · wᵀ`, `xᵀ · dy`) all through [`KernelOps::matmul`].
     #[fusion(default)]
@@ -183,7 +196,13 @@ pub fn cross_entropy_sum(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1
         logits.reshape([b * t, v]).into_dispatch(),
         targets.reshape([b * t]).into_dispatch(),
     ));
-    rows.sum()
+    sum_all(rows)
+}
+
+/// `[Σ x]` over every element, differentiable, in a fixed order on CubeCL devices
+/// ([`KernelOps::sum_all_fwd`]).
+pub fn sum_all<const D: usize>(x: Tensor<D>) -> Tensor<1> {
+    Tensor::from_dispatch(Dispatch::sum_all(x.into_dispatch()))
 }
 
 #[cfg(test)]
