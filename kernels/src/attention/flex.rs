@@ -3,7 +3,7 @@
 
 use super::cpu::{self, Dims};
 use super::FusedAttentionOps;
-use crate::host::{floats, ints, tensor_like};
+use crate::host::{f32_tensor, floats, ints, tensor_like};
 use burn::backend::{
     tensor::{FloatTensor, IntTensor},
     Flex, TensorMetadata,
@@ -24,7 +24,7 @@ impl FusedAttentionOps for Flex {
         let n = dims(&q, &k);
         let vis = cpu::Starts { starts: &ints(&starts), t: n.t };
         let (o, lse) = cpu::forward(&floats(&q), &floats(&k), &floats(&v), &vis, n, scale as f32);
-        (tensor_like(o, vec![n.b, n.h, n.t, n.d], &q), tensor_like(lse, vec![n.b, n.h, n.t], &q))
+        (tensor_like(o, vec![n.b, n.h, n.t, n.d], &q), f32_tensor(lse, vec![n.b, n.h, n.t], &q))
     }
 
     fn fused_attention_bwd(

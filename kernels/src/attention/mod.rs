@@ -16,13 +16,14 @@ mod flex;
 use burn::backend::{backend_extension, tensor::{FloatTensor, IntTensor}, Backend, Dispatch};
 use burn::prelude::*;
 
-/// The output specs `(o, lse)` of the forward: `o` like `q`, `lse: [B, H, T]`.
+/// The output specs `(o, lse)` of the forward: `o` like `q`, `lse: [B, H, T]` in float32
+/// (whatever `q`'s type: the backward recomputes probabilities from it).
 #[cfg(feature = "cube")]
 fn fwd_specs(
     q: &burn::backend::fusion::custom::TensorSpec,
 ) -> (burn::backend::fusion::custom::TensorSpec, burn::backend::fusion::custom::TensorSpec) {
     let lse = Shape::new([q.shape[0], q.shape[1], q.shape[2]]);
-    (q.clone(), burn::backend::fusion::custom::TensorSpec::new(lse, q.dtype))
+    (q.clone(), burn::backend::fusion::custom::TensorSpec::new(lse, burn::tensor::DType::F32))
 }
 
 #[backend_extension(Flex, Autodiff, Cube: cfg(feature = "cube"), Fusion: cfg(feature = "cube"))]

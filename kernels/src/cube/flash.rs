@@ -134,7 +134,7 @@ pub fn flash_fwd<F: Float, I: Numeric>(
     v: &Tensor<F>,
     starts: &Tensor<I>,
     o: &mut Tensor<F>,
-    lse: &mut Tensor<F>,
+    lse: &mut Tensor<f32>,
     batch_heads: u32,
     heads: u32,
     kv_heads: u32,
@@ -205,7 +205,7 @@ pub fn flash_fwd<F: Float, I: Numeric>(
     }
     if live {
         store_row::<F>(o, row, &acc, 1.0f32 / l, dim, unroll);
-        lse[row] = F::cast_from(m + l.ln());
+        lse[row] = m + l.ln();
     }
 }
 
@@ -218,7 +218,7 @@ pub fn flash_bwd_dq<F: Float, I: Numeric>(
     v: &Tensor<F>,
     starts: &Tensor<I>,
     o: &Tensor<F>,
-    lse: &Tensor<F>,
+    lse: &Tensor<f32>,
     d_o: &Tensor<F>,
     dq: &mut Tensor<F>,
     delta: &mut Tensor<f32>,
@@ -250,7 +250,7 @@ pub fn flash_bwd_dq<F: Float, I: Numeric>(
         first = start_of::<I>(starts, b, t, i);
         qv = load_row::<F>(q, row, scale, dim, unroll);
         dov = load_row::<F>(d_o, row, 1.0f32, dim, unroll);
-        row_lse = f32::cast_from(lse[row]);
+        row_lse = lse[row];
         #[unroll(unroll)]
         for c in 0..dim {
             dl += dov[c] * f32::cast_from(o[row * dim + c]);
@@ -297,7 +297,7 @@ pub fn flash_bwd_dkv<F: Float, I: Numeric>(
     k: &Tensor<F>,
     v: &Tensor<F>,
     starts: &Tensor<I>,
-    lse: &Tensor<F>,
+    lse: &Tensor<f32>,
     delta: &Tensor<f32>,
     d_o: &Tensor<F>,
     dk: &mut Tensor<F>,
@@ -349,7 +349,7 @@ pub fn flash_bwd_dkv<F: Float, I: Numeric>(
             while e < tile {
                 let r = i0 + e;
                 if r < t {
-                    ls[e] = f32::cast_from(lse[q_row0 + r]);
+                    ls[e] = lse[q_row0 + r];
                     ds[e] = delta[q_row0 + r];
                     st[e] = u32::cast_from(start_of::<I>(starts, b, t, r));
                 }
@@ -411,12 +411,12 @@ pub mod launch {
         (CubeCountSelection::new(&like.client, cubes as u32).cube_count(), CubeDim::new_1d(BLOCK as u32))
     }
 
-    /// The output `[B, H, T, D]` and log-sum-exp `[B, H, T]` (in `q`'s float type).
+    /// The output `[B, H, T, D]` (in `q`'s float type) and log-sum-exp `[B, H, T]` (float32).
     pub fn forward(q: CubeTensor, k: CubeTensor, v: CubeTensor, starts: CubeTensor, scale: f64) -> (CubeTensor, CubeTensor) {
         let (q, k, v, starts) = (into_contiguous(q), into_contiguous(k), into_contiguous(v), into_contiguous(starts));
         let (bh, h, kv, t, d) = shape(&q, &k);
         let o = empty(&q, dims(&q), q.dtype);
-        let lse = empty(&q, dims(&q)[..3].to_vec(), q.dtype);
+        let lse = empty(&q, dims(&q)[..3].to_vec(), DType::F32);
         let (count, cube) = grid(&q, bh, t);
         let dtypes = [dtype_to_storage_type(q.dtype), dtype_to_storage_type(starts.dtype)];
         let (tile, unroll) = (tile(&q, d), unroll(&q));

@@ -71,12 +71,12 @@ pub fn rope<F: Float>(
 }
 
 /// `dlogits = dloss · (softmax(logits) − onehot(target))`, element-wise from the saved
-/// log-sum-exp (the probabilities are never stored).
+/// float32 log-sum-exp (the probabilities are never stored), computed in float32.
 #[cube(launch)]
 pub fn cross_entropy_bwd<F: Float, I: Numeric>(
     logits: &Tensor<F>,
     targets: &Tensor<I>,
-    lse: &Tensor<F>,
+    lse: &Tensor<f32>,
     dloss: &Tensor<F>,
     dlogits: &mut Tensor<F>,
     n: u32,
@@ -90,9 +90,9 @@ pub fn cross_entropy_bwd<F: Float, I: Numeric>(
     let v = vocab as usize;
     let row = idx / v;
     let c = idx % v;
-    let mut g = (logits[idx] - lse[row]).exp();
+    let mut g = (f32::cast_from(logits[idx]) - lse[row]).exp();
     if c == u32::cast_from(targets[row]) as usize {
-        g = g - F::new(1.0);
+        g -= 1.0;
     }
-    dlogits[idx] = g * dloss[row];
+    dlogits[idx] = F::cast_from(g * f32::cast_from(dloss[row]));
 }

@@ -6,6 +6,7 @@ use crate::attention::FusedAttentionOps;
 use crate::grouped::GroupedOps;
 use crate::ops::{AdamWStep, KernelOps};
 use burn::backend::cubecl::dtype_to_storage_type;
+use burn::tensor::DType;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
@@ -162,9 +163,12 @@ impl KernelOps for CubeBackend {
                 rows_serial::cross_entropy_fwd::launch(&logits.client, count, cube, la, ta, lossa, lsea, r, v, dtypes);
             }
         };
-        let scratch = || empty_like(&logits, vec![rows]);
-        let per_cube = tune::per_cube("cross_entropy", &logits, rows, vocab, |v| launch(v, &scratch(), &scratch()));
-        let (loss, lse) = (scratch(), scratch());
+        let scratch = || (empty_like(&logits, vec![rows]), empty(&logits, vec![rows], DType::F32));
+        let per_cube = tune::per_cube("cross_entropy", &logits, rows, vocab, |v| {
+            let (loss, lse) = scratch();
+            launch(v, &loss, &lse)
+        });
+        let (loss, lse) = scratch();
         launch(per_cube, &loss, &lse);
         (loss, lse)
     }

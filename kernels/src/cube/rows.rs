@@ -101,7 +101,7 @@ pub fn rms_norm_bwd<F: Float>(
 }
 
 /// Per-row cross-entropy of `logits: [rows, vocab]` against integer targets, and the row's
-/// log-sum-exp (all the backward needs besides the logits). Each thread keeps an online
+/// log-sum-exp in float32 (all the backward needs besides the logits). Each thread keeps an online
 /// (maximum, sum of exponentials) over its columns — one read of the logits — and the cube
 /// combines them: the row maximum first, then the sums rescaled to it.
 #[cube(launch)]
@@ -109,7 +109,7 @@ pub fn cross_entropy_fwd<F: Float, I: Numeric>(
     logits: &Tensor<F>,
     targets: &Tensor<I>,
     loss: &mut Tensor<F>,
-    lse: &mut Tensor<F>,
+    lse: &mut Tensor<f32>,
     rows: u32,
     vocab: u32,
     #[comptime] units: usize,
@@ -142,6 +142,6 @@ pub fn cross_entropy_fwd<F: Float, I: Numeric>(
         let row_lse = row_max + total.ln();
         let target = u32::cast_from(targets[row]) as usize;
         loss[row] = F::cast_from(row_lse - f32::cast_from(logits[base + target]));
-        lse[row] = F::cast_from(row_lse);
+        lse[row] = row_lse;
     }
 }

@@ -59,6 +59,11 @@ pub(crate) fn ints(t: &IntTensor<Flex>) -> Cow<'_, [i64]> {
     }
 }
 
+/// `v` as a float32 flex tensor of `shape` on `like`'s device (the saved log-sum-exps).
+pub(crate) fn f32_tensor(v: Vec<f32>, shape: Vec<usize>, like: &FloatTensor<Flex>) -> FloatTensor<Flex> {
+    Flex::float_from_data(TensorData::new(v, shape), &like.device())
+}
+
 /// A flex tensor of `shape` holding `v`, in the dtype and on the device of `like`.
 pub(crate) fn tensor_like(v: Vec<f32>, shape: Vec<usize>, like: &FloatTensor<Flex>) -> FloatTensor<Flex> {
     let mut data = TensorData::new(v, shape);

@@ -3,7 +3,7 @@
 
 use super::{AdamWStep, KernelOps};
 use crate::host::gemm::{par_product, View};
-use crate::host::{floats, ints, rows, tensor_like};
+use crate::host::{f32_tensor, floats, ints, rows, tensor_like};
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::{tensor::FloatTensor, tensor::IntTensor, Flex, TensorMetadata};
 use burn::tensor::{DType, TensorData};
@@ -55,7 +55,7 @@ impl KernelOps for Flex {
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let [rows, vocab] = [logits.shape()[0], logits.shape()[1]];
         let (loss, lse) = rows::cross_entropy_fwd(&floats(&logits), &ints(&targets), vocab);
-        (tensor_like(loss, vec![rows], &logits), tensor_like(lse, vec![rows], &logits))
+        (tensor_like(loss, vec![rows], &logits), f32_tensor(lse, vec![rows], &logits))
     }
 
     fn cross_entropy_bwd(

@@ -12,9 +12,9 @@ use burn::backend::{backend_extension, tensor::FloatTensor, tensor::IntTensor, B
 use burn::prelude::*;
 
 #[cfg(feature = "cube")]
-/// The per-row output spec `[rows]` of a `[rows, cols]` input.
-fn row_spec(x: &TensorSpec) -> TensorSpec {
-    TensorSpec::new(Shape::new([x.shape[0]]), x.dtype)
+/// The per-row output spec `[rows]` of a `[rows, cols]` input, in `dtype`.
+fn row_spec(x: &TensorSpec, dtype: burn::tensor::DType) -> TensorSpec {
+    TensorSpec::new(Shape::new([x.shape[0]]), dtype)
 }
 
 /// The scalars of one AdamW step, as `f32` (the values the composed ops use):
@@ -82,8 +82,9 @@ pub trait KernelOps: Backend {
         Self::rope_fwd(x, cos, sin)
     }
 
-    /// `(loss per row, log-sum-exp per row)` of `logits: [rows, vocab]`, `targets: [rows]`.
-    #[fusion(meta = |l, _t| (row_spec(l), row_spec(l)))]
+    /// `(loss per row, log-sum-exp per row)` of `logits: [rows, vocab]`, `targets: [rows]`;
+    /// the loss in the logits' float type, the log-sum-exp in float32.
+    #[fusion(meta = |l, _t| (row_spec(l, l.dtype), row_spec(l, burn::tensor::DType::F32)))]
     fn cross_entropy_fwd(logits: FloatTensor<Self>, targets: IntTensor<Self>)
         -> (FloatTensor<Self>, FloatTensor<Self>);
 

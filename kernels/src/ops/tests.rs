@@ -13,8 +13,11 @@ use rand_distr::StandardNormal;
 const TOL: f32 = 1e-5;
 /// float16 inputs on CubeCL devices against the float32 reference: an 11-bit mantissa rounds
 /// each input and output by up to 2⁻¹¹ ≈ 4.9e-4; reductions over a few hundred columns (f32
-/// accumulators) and the sums of the tests' `Σ out · w` add a few of those.
-const TOL_F16: f32 = 1e-2;
+/// accumulators) and the sums of the tests' `Σ out · w` add a few of those. Seen on the
+/// software adapter (2 × 250 cases): at most 2.0e-3 (SwiGLU's `dg`), attention's gradients
+/// 1.1e-3, the cross-entropy's 1.7e-3 — which reached 5.8e-3 while its log-sum-exp was saved
+/// in float16 (now float32, as the attention's).
+const TOL_F16: f32 = 5e-3;
 
 /// The devices with fused kernels in this build (with autodiff).
 pub(crate) fn devices() -> Vec<Device> {
