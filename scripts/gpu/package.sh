@@ -17,7 +17,9 @@
 # through LLVM's NVPTX back end, linked statically) and links natively: static LLVM is C++ built
 # against libstdc++, so the binary needs this machine's glibc and libstdc++ or newer (printed).
 # A bundle of its own because the device tool carries at most 64 MiB: the CUDA binary alone is
-# ≈ 41 MB after xz.
+# ≈ 41 MB after xz. It also carries NVIDIA's libdevice (cuda/nvvm/libdevice, from PyPI's nvcc
+# wheel), which the CUDA compiler links for math functions, and checks that every kernel of ours
+# compiles to PTX (`titan-rs ptx`) before the bundle is done.
 #
 # Needs: pip (installs `ziglang` and `cargo-zigbuild` from PyPI when missing), apt-get (the debs;
 # skipped with a note when it cannot reach the archive), xz, binutils. Checks the result: at most
@@ -42,6 +44,20 @@ if [ "$CUDA" -eq 1 ]; then
     strip -o "$OUT/titan-rs-cuda" "$BIN"
     highest() { objdump -T "$OUT/titan-rs-cuda" | grep -o "$1_[0-9.]*" | sed "s/$1_//" | sort -V | tail -1; }
     echo "binary: $(du -h "$OUT/titan-rs-cuda" | cut -f1) stripped, needs GLIBC_$(highest GLIBC) and GLIBCXX_$(highest GLIBCXX) at most"
+    # cubecl-cuda's LLVM back end links NVIDIA's libdevice for exp, log, tanh, … (every
+    # softmax, SiLU and fused Burn kernel); it looks in $CUDA_PATH/nvvm/libdevice, then
+    # /usr/local/cuda, /opt/cuda, /usr/lib/cuda, /usr. A machine with only the driver has none,
+    # so the bundle carries it (from PyPI's nvcc wheel), and run.sh points CUDA_PATH at it there.
+    nvcc=$(mktemp -d)
+    python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$nvcc" nvidia-cuda-nvcc-cu12==12.9.86
+    (cd "$nvcc" && unzip -q -o ./*.whl 'nvidia/cuda_nvcc/nvvm/libdevice/*')
+    mkdir -p "$OUT/cuda/nvvm/libdevice"
+    cp "$nvcc/nvidia/cuda_nvcc/nvvm/libdevice/libdevice.10.bc" "$OUT/cuda/nvvm/libdevice/"
+    rm -rf "$nvcc"
+    # Every kernel of ours must lower to PTX for the H100/H200 before the bundle leaves.
+    ptx=$(mktemp -d)
+    CUDA_PATH="$OUT/cuda" "$OUT/titan-rs-cuda" ptx --out "$ptx"
+    rm -rf "$ptx"
     xz -T0 -6 "$OUT/titan-rs-cuda"
 else
     if ! command -v cargo-zigbuild >/dev/null 2>&1 || ! python3 -m ziglang version >/dev/null 2>&1; then

@@ -92,8 +92,15 @@ if [ "$BACKEND" = wgpu ] && ! ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.
     fi
 fi
 NV_ICD=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+if [ "$BACKEND" = cuda ] && [ -z "${CUDA_PATH:-}" ] && [ -f "$HERE/cuda/nvvm/libdevice/libdevice.10.bc" ] \
+    && ! ls /usr/local/cuda/nvvm/libdevice /opt/cuda/nvvm/libdevice /usr/lib/cuda/nvvm/libdevice /usr/nvvm/libdevice >/dev/null 2>&1; then
+    # The CUDA compiler links libdevice for exp, log, tanh, …: the carried one where the machine
+    # has no toolkit (CUDA_PATH is read for nothing else: the driver is loaded by name).
+    export CUDA_PATH="$HERE/cuda"
+    echo "CUDA_PATH=$CUDA_PATH (the carried libdevice; no CUDA toolkit on this machine)" >> "$LOG"
+fi
 if [ "$BACKEND" = cuda ]; then
-    # cubecl-cuda loads libcuda and NVRTC at run time; the binary's own libraries first.
+    # cubecl-cuda loads libcuda at run time and compiles kernels itself (LLVM, linked in).
     step devices 60 sh -c "nvidia-smi -L && ! ldd '$BIN' | grep -i 'not found'"
 else
     step devices 60 "$BIN" devices --json "$WORK/devices.json"

@@ -390,13 +390,17 @@ pub mod launch {
     use cubecl::{server::CubeCountSelection, CubeDim};
 
     /// Threads (rows) per cube.
-    const BLOCK: usize = 64;
+    pub(in crate::cube) const BLOCK: usize = 64;
 
     /// Rows a shared-memory tile holds: two float32 `[tile, dim]` tiles and three per-row
-    /// values fit the device's shared memory; at most 64.
+    /// values fit `shared_bytes` of shared memory; at most 64.
+    pub(in crate::cube) fn tile_rows(shared_bytes: usize, dim: usize) -> usize {
+        (shared_bytes / (8 * dim + 12)).clamp(1, 64)
+    }
+
+    /// [`tile_rows`] for the shared memory of `like`'s device.
     fn tile(like: &CubeTensor, dim: usize) -> usize {
-        let bytes = like.client.properties().hardware.max_shared_memory_size;
-        (bytes / (8 * dim + 12)).clamp(1, 64)
+        tile_rows(like.client.properties().hardware.max_shared_memory_size, dim)
     }
 
     /// `(B·H, H, KV, T, D)` of `q: [B, H, T, D]`, `k: [B, KV, T, D]`.

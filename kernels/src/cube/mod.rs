@@ -9,6 +9,9 @@ mod flash;
 mod grouped;
 mod kernels;
 mod launch;
+pub mod offline;
+#[cfg(feature = "cuda")]
+pub mod ptx;
 mod reduce;
 mod rows;
 mod rows_serial;

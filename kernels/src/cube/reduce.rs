@@ -134,10 +134,14 @@ pub mod launch {
     use burn_cubecl::tensor::CubeTensor;
     use cubecl::{CubeCount, CubeDim};
 
-    /// Threads per cube: 256, or the largest power of two the device allows below that.
+    /// Threads per cube: 256, or the largest power of two below that within `max_units`.
+    pub(in crate::cube) fn units_for(max_units: u32) -> usize {
+        256usize.min(1 << max_units.max(1).ilog2())
+    }
+
+    /// [`units_for`] the device of `like`.
     pub(in crate::cube) fn units(like: &CubeTensor) -> usize {
-        let max = like.client.properties().hardware.max_units_per_cube.max(1);
-        256usize.min(1 << max.ilog2())
+        units_for(like.client.properties().hardware.max_units_per_cube)
     }
 
     /// Adds the `parts` partial results of `partial: [parts, width]` into `[width]` of `dtype`.

@@ -97,6 +97,24 @@ pub(crate) enum Command {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Compile every CubeCL kernel to PTX without a GPU, through cubecl-cuda's own compiler, for
+    /// float32 and bfloat16 and each head size: `OUT/<entry>.ptx` and `OUT/kernels.tsv` (kernel,
+    /// entry point, file, `ok` or the error). A CUDA build only (`--features cuda`);
+    /// `scripts/gpu/ptx_report.sh` runs it and NVIDIA's `ptxas` on the result.
+    Ptx {
+        /// The folder to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// The SM architecture (90: H100/H200).
+        #[arg(long, default_value_t = 90)]
+        sm: u32,
+        /// The CUDA driver version whose PTX to emit (12090: 12.9).
+        #[arg(long, default_value_t = 12090)]
+        driver: i32,
+        /// Head sizes of the attention kernels (64: `small`, `1B`; 128: `3B`, `8B`).
+        #[arg(long, num_args = 1.., default_values_t = [64, 128])]
+        head_dim: Vec<usize>,
+    },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]

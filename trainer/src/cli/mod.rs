@@ -89,6 +89,13 @@ pub(crate) fn run(cli: Cli) -> Result<()> {
             println!("{}", generate::generate(&checkpoint, &o)?);
         }
         Command::Bench { kind } => bench::run(kind)?,
+        Command::Ptx { out, sm, driver, head_dim } => {
+            let (ok, total) = titan_rs::commands::ptx::write(&out, sm, driver, &head_dim)?;
+            println!("{ok} of {total} kernels compiled to PTX for sm_{sm} in {}", out.display());
+            if ok < total {
+                anyhow::bail!("{} kernels did not compile (see {})", total - ok, out.join("kernels.tsv").display());
+            }
+        }
         Command::Devices { json } => {
             let adapters = titan_rs::device::adapters();
             println!("| adapter | kind | index | backend | driver | float16 | bfloat16 | trains on |");
