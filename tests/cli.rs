@@ -42,6 +42,17 @@ fn impossible_expert_parallelism_is_a_clear_error() {
     assert_clean_error(&o, &["expert_parallel_degree` = 2 must divide dp_shard·cp·tp = 3"]);
 }
 
+/// `titan-rs ptx` compiles through burn's CUDA backend: a build without it says which build has
+/// it, and writes nothing.
+#[test]
+fn ptx_without_cuda_names_the_build_that_has_it() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("ptx");
+    let o = titan(&["ptx", "--out", out.to_str().unwrap()]);
+    assert_clean_error(&o, &["--features cuda", "scripts/gpu/cuda_llvm.sh"]);
+    assert!(!out.exists());
+}
+
 #[test]
 fn wrong_type_on_the_command_line() {
     let o = titan(&["train", "--config", "configs/llama_debug.toml", "--training.steps", "ten"]);

@@ -3,7 +3,7 @@
 //! have. The launch-time choices (threads per cube, attention tile rows, loop unrolling) come
 //! from the same functions the launches call, fed the target's properties instead of a client's.
 //! With the `cuda` feature, [`super::ptx`] compiles them to PTX through cubecl-cuda's own
-//! compiler (`titan-rs ptx`; `scripts/gpu/ptx_report.sh` assembles them with NVIDIA's `ptxas`
+//! compiler (`titan-rs ptx`; `scripts/gpu/ptx_report.py` assembles them with NVIDIA's `ptxas`
 //! for registers, spills and shared memory per kernel).
 
 use super::{adamw, flash, grouped, kernels, reduce, rows, rows_serial};

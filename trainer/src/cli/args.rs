@@ -98,9 +98,9 @@ pub(crate) enum Command {
         json: Option<PathBuf>,
     },
     /// Compile every CubeCL kernel to PTX without a GPU, through cubecl-cuda's own compiler, for
-    /// float32 and bfloat16 and each head size: `OUT/<entry>.ptx` and `OUT/kernels.tsv` (kernel,
-    /// entry point, file, `ok` or the error). A CUDA build only (`--features cuda`);
-    /// `scripts/gpu/ptx_report.sh` runs it and NVIDIA's `ptxas` on the result.
+    /// float32 and bfloat16 and each head size: `OUT/NNN_<entry>.ptx` and `OUT/kernels.tsv` (kernel,
+    /// entry point, threads, shared memory, file, `ok` or the error). A CUDA build only (`--features cuda`);
+    /// `scripts/gpu/ptx_report.py` runs it and NVIDIA's `ptxas` on the result.
     Ptx {
         /// The folder to write.
         #[arg(long)]

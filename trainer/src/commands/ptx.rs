@@ -1,6 +1,6 @@
 //! `titan-rs ptx`: every CubeCL kernel compiled to PTX without a GPU (`titan_kernels::cube::ptx`),
 //! written one file per kernel with an index, so NVIDIA's `ptxas` can assemble them here for the
-//! registers, spills and shared memory a lent GPU would see (`scripts/gpu/ptx_report.sh`).
+//! registers, spills and shared memory a lent GPU would see (`scripts/gpu/ptx_report.py`).
 
 use anyhow::Result;
 use std::path::Path;
