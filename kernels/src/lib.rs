@@ -61,6 +61,17 @@ pub fn force_row_variant(per_cube: Option<bool>) {
     let _ = per_cube;
 }
 
+/// Forces the CubeCL attention kernels to share each row among several threads through plane
+/// shuffles (`Some(true)`, also where the device does not advertise shuffles: Mesa's software
+/// adapter has them but cubecl does not offer them there) or not (`Some(false)`), or leaves it
+/// to the device (`None`). For tests and benchmarks; nothing without CubeCL.
+pub fn force_attention_shuffles(on: Option<bool>) {
+    #[cfg(feature = "cube")]
+    cube::flash::launch::force_shuffles(on);
+    #[cfg(not(feature = "cube"))]
+    let _ = on;
+}
+
 /// RMSNorm of `x: [B, T, D]` with weight `[D]`.
 pub fn rms_norm(x: Tensor<3>, w: Tensor<1>, eps: f64, fused: bool) -> Tensor<3> {
     if fused && has_kernels(&x.device()) {

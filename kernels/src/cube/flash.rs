@@ -42,47 +42,81 @@ fn load_tile<F: Float>(
     }
 }
 
-/// `Σ_c a[c] · s[base + c]` over the `dim` elements of a register row and a shared-memory row.
+/// The sum of `x` over the `lanes` neighbouring threads that share a row (`lanes` a power of
+/// two up to 8, the rows' lanes aligned in the plane): butterfly shuffles, every lane gets it.
 #[cube]
-fn row_dot(a: &Array<f32>, s: &Shared<[f32]>, base: usize, #[comptime] dim: usize, #[comptime] unroll: bool) -> f32 {
-    let mut acc = 0.0f32;
-    #[unroll(unroll)]
-    for c in 0..dim {
-        acc += a[c] * s[base + c];
+fn lane_sum(x: f32, #[comptime] lanes: usize) -> f32 {
+    let mut v = x;
+    if comptime!(lanes > 1) {
+        v += plane_shuffle_xor(v, 1u32);
     }
-    acc
+    if comptime!(lanes > 2) {
+        v += plane_shuffle_xor(v, 2u32);
+    }
+    if comptime!(lanes > 4) {
+        v += plane_shuffle_xor(v, 4u32);
+    }
+    v
 }
 
-/// Row `row` of a `[.., dim]` tensor into a float32 register array (`scale` times it).
+/// `Σ_c a[c] · s[base + c]` over the `dim` elements of a row split over `lanes` threads and a
+/// shared-memory row: this lane's columns `cc · lanes + lane` (neighbouring lanes on
+/// neighbouring addresses), then summed over the row's lanes.
+#[cube]
+fn row_dot(
+    a: &Array<f32>,
+    s: &Shared<[f32]>,
+    base: usize,
+    lane: usize,
+    #[comptime] dim: usize,
+    #[comptime] lanes: usize,
+    #[comptime] unroll: bool,
+) -> f32 {
+    let mut acc = 0.0f32;
+    #[unroll(unroll)]
+    for cc in 0..comptime!(dim / lanes) {
+        acc += a[cc] * s[base + cc * lanes + lane];
+    }
+    lane_sum(acc, lanes)
+}
+
+/// This lane's columns of row `row` of a `[.., dim]` tensor into a float32 register array
+/// (`scale` times it).
 #[cube]
 fn load_row<F: Float>(
     src: &Tensor<F>,
     row: usize,
+    lane: usize,
     scale: f32,
     #[comptime] dim: usize,
+    #[comptime] lanes: usize,
     #[comptime] unroll: bool,
 ) -> Array<f32> {
-    let mut a = Array::<f32>::new(dim);
+    let mut a = Array::<f32>::new(comptime!(dim / lanes));
     #[unroll(unroll)]
-    for c in 0..dim {
-        a[c] = f32::cast_from(src[row * dim + c]) * scale;
+    for cc in 0..comptime!(dim / lanes) {
+        a[cc] = f32::cast_from(src[row * dim + cc * lanes + lane]) * scale;
     }
     a
 }
 
-/// Writes a float32 register row into row `row` of a `[.., dim]` tensor, times `scale`.
+/// Writes this lane's columns (a float32 register array) into row `row` of a `[.., dim]`
+/// tensor, times `scale`.
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn store_row<F: Float>(
     dst: &mut Tensor<F>,
     row: usize,
+    lane: usize,
     a: &Array<f32>,
     scale: f32,
     #[comptime] dim: usize,
+    #[comptime] lanes: usize,
     #[comptime] unroll: bool,
 ) {
     #[unroll(unroll)]
-    for c in 0..dim {
-        dst[row * dim + c] = F::cast_from(a[c] * scale);
+    for cc in 0..comptime!(dim / lanes) {
+        dst[row * dim + cc * lanes + lane] = F::cast_from(a[cc] * scale);
     }
 }
 
@@ -93,27 +127,29 @@ fn start_of<I: Numeric>(starts: &Tensor<I>, b: usize, t: usize, i: usize) -> usi
 }
 
 /// The rows a cube owns: rows `start .. end` (at most `block`, neighbouring) of head row `head`
-/// of a `[heads, T]` layout, `mine` the calling thread's (`live`: inside the sequence).
+/// of a `[heads, T]` layout, `mine` the calling thread's (`live`: inside the sequence) and
+/// `lane` its place among the `lanes` neighbouring threads that share the row.
 #[derive(CubeType)]
 struct Block {
     head: usize,
     start: usize,
     end: usize,
     mine: usize,
+    lane: usize,
     live: bool,
 }
 
 #[cube]
-fn cube_block(seq: u32, #[comptime] block: usize) -> Block {
+fn cube_block(seq: u32, #[comptime] block: usize, #[comptime] lanes: usize) -> Block {
     let t = seq as usize;
     let blocks = (t + block - 1) / block;
     let start = (CUBE_POS % blocks) * block;
-    let mine = start + UNIT_POS as usize;
+    let mine = start + UNIT_POS as usize / lanes;
     let mut end = start + block;
     if end > t {
         end = t;
     }
-    Block { head: CUBE_POS / blocks, start, end, mine, live: mine < t }
+    Block { head: CUBE_POS / blocks, start, end, mine, lane: UNIT_POS as usize % lanes, live: mine < t }
 }
 
 /// The offset in `[B, KV, T, D]` of the K/V rows query head row `head` (of `[B, H]`) reads.
@@ -143,10 +179,13 @@ pub fn flash_fwd<F: Float, I: Numeric>(
     #[comptime] dim: usize,
     #[comptime] tile: usize,
     #[comptime] block: usize,
+    #[comptime] lanes: usize,
     #[comptime] unroll: bool,
     #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
-    let blk = cube_block(seq, block);
+    let blk = cube_block(seq, block, lanes);
+    let lane = blk.lane;
+    let units = comptime!(block * lanes);
     if blk.head >= batch_heads as usize {
         terminate!();
     }
@@ -155,12 +194,12 @@ pub fn flash_fwd<F: Float, I: Numeric>(
     let (q0, i, hi, live) = (blk.start, blk.mine, blk.end, blk.live);
     let row = bh * t + i;
     let mut first = hi;
-    let mut qv = Array::<f32>::new(dim);
+    let mut qv = Array::<f32>::new(comptime!(dim / lanes));
     if live {
         first = start_of::<I>(starts, b, t, i);
-        qv = load_row::<F>(q, row, scale, dim, unroll);
+        qv = load_row::<F>(q, row, lane, scale, dim, lanes, unroll);
     }
-    let mut acc = Array::<f32>::new(dim);
+    let mut acc = Array::<f32>::new(comptime!(dim / lanes));
     let mut scores = Array::<f32>::new(tile);
     let mut ks = Shared::<[f32]>::new_slice(comptime!(tile * dim));
     let mut vs = Shared::<[f32]>::new_slice(comptime!(tile * dim));
@@ -168,15 +207,15 @@ pub fn flash_fwd<F: Float, I: Numeric>(
     let mut l = 0.0f32;
     let mut j0 = start_of::<I>(starts, b, t, q0);
     while j0 < hi {
-        load_tile::<F>(k, kv_base, j0, hi, &mut ks, tile, dim, block);
-        load_tile::<F>(v, kv_base, j0, hi, &mut vs, tile, dim, block);
+        load_tile::<F>(k, kv_base, j0, hi, &mut ks, tile, dim, units);
+        load_tile::<F>(v, kv_base, j0, hi, &mut vs, tile, dim, units);
         sync_cube();
         if live {
             let mut top = m;
             for jj in 0..tile {
                 let j = j0 + jj;
                 if j >= first && j <= i {
-                    let s = row_dot(&qv, &ks, jj * dim, dim, unroll);
+                    let s = row_dot(&qv, &ks, jj * dim, lane, dim, lanes, unroll);
                     scores[jj] = s;
                     top = top.max(s);
                 }
@@ -184,8 +223,8 @@ pub fn flash_fwd<F: Float, I: Numeric>(
             let corr = (m - top).exp();
             l *= corr;
             #[unroll(unroll)]
-            for c in 0..dim {
-                acc[c] *= corr;
+            for cc in 0..comptime!(dim / lanes) {
+                acc[cc] *= corr;
             }
             for jj in 0..tile {
                 let j = j0 + jj;
@@ -193,8 +232,8 @@ pub fn flash_fwd<F: Float, I: Numeric>(
                     let p = (scores[jj] - top).exp();
                     l += p;
                     #[unroll(unroll)]
-                    for c in 0..dim {
-                        acc[c] += p * vs[jj * dim + c];
+                    for cc in 0..comptime!(dim / lanes) {
+                        acc[cc] += p * vs[jj * dim + cc * lanes + lane];
                     }
                 }
             }
@@ -204,8 +243,10 @@ pub fn flash_fwd<F: Float, I: Numeric>(
         j0 += tile;
     }
     if live {
-        store_row::<F>(o, row, &acc, 1.0f32 / l, dim, unroll);
-        lse[row] = m + l.ln();
+        store_row::<F>(o, row, lane, &acc, 1.0f32 / l, dim, lanes, unroll);
+        if lane == 0 {
+            lse[row] = m + l.ln();
+        }
     }
 }
 
@@ -230,10 +271,13 @@ pub fn flash_bwd_dq<F: Float, I: Numeric>(
     #[comptime] dim: usize,
     #[comptime] tile: usize,
     #[comptime] block: usize,
+    #[comptime] lanes: usize,
     #[comptime] unroll: bool,
     #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
-    let blk = cube_block(seq, block);
+    let blk = cube_block(seq, block, lanes);
+    let lane = blk.lane;
+    let units = comptime!(block * lanes);
     if blk.head >= batch_heads as usize {
         terminate!();
     }
@@ -242,38 +286,41 @@ pub fn flash_bwd_dq<F: Float, I: Numeric>(
     let (q0, i, hi, live) = (blk.start, blk.mine, blk.end, blk.live);
     let row = bh * t + i;
     let mut first = hi;
-    let mut qv = Array::<f32>::new(dim);
-    let mut dov = Array::<f32>::new(dim);
+    let mut qv = Array::<f32>::new(comptime!(dim / lanes));
+    let mut dov = Array::<f32>::new(comptime!(dim / lanes));
     let mut row_lse = 0.0f32;
     let mut dl = 0.0f32;
     if live {
         first = start_of::<I>(starts, b, t, i);
-        qv = load_row::<F>(q, row, scale, dim, unroll);
-        dov = load_row::<F>(d_o, row, 1.0f32, dim, unroll);
+        qv = load_row::<F>(q, row, lane, scale, dim, lanes, unroll);
+        dov = load_row::<F>(d_o, row, lane, 1.0f32, dim, lanes, unroll);
         row_lse = lse[row];
         #[unroll(unroll)]
-        for c in 0..dim {
-            dl += dov[c] * f32::cast_from(o[row * dim + c]);
+        for cc in 0..comptime!(dim / lanes) {
+            dl += dov[cc] * f32::cast_from(o[row * dim + cc * lanes + lane]);
         }
-        delta[row] = dl;
+        dl = lane_sum(dl, lanes);
+        if lane == 0 {
+            delta[row] = dl;
+        }
     }
-    let mut acc = Array::<f32>::new(dim);
+    let mut acc = Array::<f32>::new(comptime!(dim / lanes));
     let mut ks = Shared::<[f32]>::new_slice(comptime!(tile * dim));
     let mut vs = Shared::<[f32]>::new_slice(comptime!(tile * dim));
     let mut j0 = start_of::<I>(starts, b, t, q0);
     while j0 < hi {
-        load_tile::<F>(k, kv_base, j0, hi, &mut ks, tile, dim, block);
-        load_tile::<F>(v, kv_base, j0, hi, &mut vs, tile, dim, block);
+        load_tile::<F>(k, kv_base, j0, hi, &mut ks, tile, dim, units);
+        load_tile::<F>(v, kv_base, j0, hi, &mut vs, tile, dim, units);
         sync_cube();
         if live {
             for jj in 0..tile {
                 let j = j0 + jj;
                 if j >= first && j <= i {
-                    let p = (row_dot(&qv, &ks, jj * dim, dim, unroll) - row_lse).exp();
-                    let ds = p * (row_dot(&dov, &vs, jj * dim, dim, unroll) - dl);
+                    let p = (row_dot(&qv, &ks, jj * dim, lane, dim, lanes, unroll) - row_lse).exp();
+                    let ds = p * (row_dot(&dov, &vs, jj * dim, lane, dim, lanes, unroll) - dl);
                     #[unroll(unroll)]
-                    for c in 0..dim {
-                        acc[c] += ds * ks[jj * dim + c];
+                    for cc in 0..comptime!(dim / lanes) {
+                        acc[cc] += ds * ks[jj * dim + cc * lanes + lane];
                     }
                 }
             }
@@ -282,7 +329,7 @@ pub fn flash_bwd_dq<F: Float, I: Numeric>(
         j0 += tile;
     }
     if live {
-        store_row::<F>(dq, row, &acc, scale, dim, unroll);
+        store_row::<F>(dq, row, lane, &acc, scale, dim, lanes, unroll);
     }
 }
 
@@ -310,10 +357,13 @@ pub fn flash_bwd_dkv<F: Float, I: Numeric>(
     #[comptime] dim: usize,
     #[comptime] tile: usize,
     #[comptime] block: usize,
+    #[comptime] lanes: usize,
     #[comptime] unroll: bool,
     #[define(F, I)] _dtypes: [ElemType; 2],
 ) {
-    let blk = cube_block(seq, block);
+    let blk = cube_block(seq, block, lanes);
+    let lane = blk.lane;
+    let units = comptime!(block * lanes);
     if blk.head >= batch_kv as usize {
         terminate!();
     }
@@ -321,14 +371,14 @@ pub fn flash_bwd_dkv<F: Float, I: Numeric>(
     let (group, b, kh) = (h_n / kv_n, bk / kv_n, bk % kv_n);
     let (k0, j, last, live) = (blk.start, blk.mine, blk.end - 1, blk.live);
     let row = bk * t + j;
-    let mut kr = Array::<f32>::new(dim);
-    let mut vr = Array::<f32>::new(dim);
+    let mut kr = Array::<f32>::new(comptime!(dim / lanes));
+    let mut vr = Array::<f32>::new(comptime!(dim / lanes));
     if live {
-        kr = load_row::<F>(k, row, scale, dim, unroll);
-        vr = load_row::<F>(v, row, 1.0f32, dim, unroll);
+        kr = load_row::<F>(k, row, lane, scale, dim, lanes, unroll);
+        vr = load_row::<F>(v, row, lane, 1.0f32, dim, lanes, unroll);
     }
-    let mut dka = Array::<f32>::new(dim);
-    let mut dva = Array::<f32>::new(dim);
+    let mut dka = Array::<f32>::new(comptime!(dim / lanes));
+    let mut dva = Array::<f32>::new(comptime!(dim / lanes));
     let mut qs = Shared::<[f32]>::new_slice(comptime!(tile * dim));
     let mut dos = Shared::<[f32]>::new_slice(comptime!(tile * dim));
     let mut ls = Shared::<[f32]>::new_slice(tile);
@@ -343,8 +393,8 @@ pub fn flash_bwd_dkv<F: Float, I: Numeric>(
             if start_of::<I>(starts, b, t, i0) > last {
                 break;
             }
-            load_tile::<F>(q, q_row0 * dim, i0, t, &mut qs, tile, dim, block);
-            load_tile::<F>(d_o, q_row0 * dim, i0, t, &mut dos, tile, dim, block);
+            load_tile::<F>(q, q_row0 * dim, i0, t, &mut qs, tile, dim, units);
+            load_tile::<F>(d_o, q_row0 * dim, i0, t, &mut dos, tile, dim, units);
             let mut e = UNIT_POS as usize;
             while e < tile {
                 let r = i0 + e;
@@ -353,19 +403,20 @@ pub fn flash_bwd_dkv<F: Float, I: Numeric>(
                     ds[e] = delta[q_row0 + r];
                     st[e] = u32::cast_from(start_of::<I>(starts, b, t, r));
                 }
-                e += block;
+                e += units;
             }
             sync_cube();
             if live {
                 for ii in 0..tile {
                     let i = i0 + ii;
                     if i < t && i >= j && st[ii] as usize <= j {
-                        let p = (row_dot(&kr, &qs, ii * dim, dim, unroll) - ls[ii]).exp();
-                        let dsv = p * (row_dot(&vr, &dos, ii * dim, dim, unroll) - ds[ii]);
+                        let p = (row_dot(&kr, &qs, ii * dim, lane, dim, lanes, unroll) - ls[ii]).exp();
+                        let dsv = p * (row_dot(&vr, &dos, ii * dim, lane, dim, lanes, unroll) - ds[ii]);
                         #[unroll(unroll)]
-                        for c in 0..dim {
-                            dva[c] += p * dos[ii * dim + c];
-                            dka[c] += dsv * qs[ii * dim + c];
+                        for cc in 0..comptime!(dim / lanes) {
+                            let c = cc * lanes + lane;
+                            dva[cc] += p * dos[ii * dim + c];
+                            dka[cc] += dsv * qs[ii * dim + c];
                         }
                     }
                 }
@@ -375,8 +426,8 @@ pub fn flash_bwd_dkv<F: Float, I: Numeric>(
         }
     }
     if live {
-        store_row::<F>(dk, row, &dka, scale, dim, unroll);
-        store_row::<F>(dv, row, &dva, 1.0f32, dim, unroll);
+        store_row::<F>(dk, row, lane, &dka, scale, dim, lanes, unroll);
+        store_row::<F>(dv, row, lane, &dva, 1.0f32, dim, lanes, unroll);
     }
 }
 
@@ -388,6 +439,7 @@ pub mod launch {
     use burn_cubecl::kernel::into_contiguous;
     use burn_cubecl::tensor::CubeTensor;
     use cubecl::{server::CubeCountSelection, CubeDim};
+    use std::sync::atomic::{AtomicU8, Ordering};
 
     /// Threads (rows) per cube.
     pub(in crate::cube) const BLOCK: usize = 64;
@@ -403,16 +455,54 @@ pub mod launch {
         tile_rows(like.client.properties().hardware.max_shared_memory_size, dim)
     }
 
+    /// Threads that share a row: the largest power of two up to 8, the smallest plane and
+    /// `dim / 8` that divides `dim` (64 → 8 lanes of 8 columns, 128 → 8 of 16, 16 → 2 of 8), so
+    /// a thread keeps `dim / lanes` columns of each row in registers instead of all of them
+    /// (249–255 registers and spills on the H100/H200 with one thread a row:
+    /// docs/gpu/ptx-sm90.md); 1 where the device has no plane shuffles.
+    pub(in crate::cube) fn lanes_for(dim: usize, plane_size_min: u32, shuffles: bool) -> usize {
+        if !shuffles {
+            return 1;
+        }
+        let cap = 8usize.min(plane_size_min as usize).min(dim / 8).max(1);
+        let mut lanes = 1usize << cap.ilog2();
+        while dim % lanes != 0 {
+            lanes /= 2;
+        }
+        lanes
+    }
+
+    /// Whether the attention kernels use plane shuffles: 0 as the device says (cubecl advertises
+    /// them on GPUs, not on software adapters), 1 forced on, 2 forced off.
+    static SHUFFLES: AtomicU8 = AtomicU8::new(0);
+
+    /// Forces the plane shuffles on (`Some(true)`: rows shared by several threads even where the
+    /// device does not advertise shuffles, as Mesa's software adapter, which has them) or off, or
+    /// leaves them to the device (`None`). For tests and benchmarks.
+    pub fn force_shuffles(on: Option<bool>) {
+        SHUFFLES.store(on.map_or(0, |on| if on { 1 } else { 2 }), Ordering::Relaxed);
+    }
+
+    /// [`lanes_for`] on `like`'s device.
+    fn lanes(like: &CubeTensor, dim: usize) -> usize {
+        let props = like.client.properties();
+        let shuffles = match SHUFFLES.load(Ordering::Relaxed) {
+            0 => props.features.plane.contains(cubecl::ir::features::Plane::Ops),
+            forced => forced == 1,
+        };
+        lanes_for(dim, props.hardware.plane_size_min, shuffles)
+    }
+
     /// `(B·H, H, KV, T, D)` of `q: [B, H, T, D]`, `k: [B, KV, T, D]`.
     fn shape(q: &CubeTensor, k: &CubeTensor) -> (usize, usize, usize, usize, usize) {
         let (qd, kd) = (dims(q), dims(k));
         (qd[0] * qd[1], qd[1], kd[1], qd[2], qd[3])
     }
 
-    /// One cube per `BLOCK` rows of each of `heads` head rows of `t` tokens.
-    fn grid(like: &CubeTensor, heads: usize, t: usize) -> (cubecl::CubeCount, CubeDim) {
+    /// One cube per `BLOCK` rows of each of `heads` head rows of `t` tokens, `lanes` threads a row.
+    fn grid(like: &CubeTensor, heads: usize, t: usize, lanes: usize) -> (cubecl::CubeCount, CubeDim) {
         let cubes = heads * t.div_ceil(BLOCK);
-        (CubeCountSelection::new(&like.client, cubes as u32).cube_count(), CubeDim::new_1d(BLOCK as u32))
+        (CubeCountSelection::new(&like.client, cubes as u32).cube_count(), CubeDim::new_1d((BLOCK * lanes) as u32))
     }
 
     /// The output `[B, H, T, D]` (in `q`'s float type) and log-sum-exp `[B, H, T]` (float32).
@@ -421,7 +511,8 @@ pub mod launch {
         let (bh, h, kv, t, d) = shape(&q, &k);
         let o = empty(&q, dims(&q), q.dtype);
         let lse = empty(&q, dims(&q)[..3].to_vec(), DType::F32);
-        let (count, cube) = grid(&q, bh, t);
+        let lanes = lanes(&q, d);
+        let (count, cube) = grid(&q, bh, t, lanes);
         let dtypes = [dtype_to_storage_type(q.dtype), dtype_to_storage_type(starts.dtype)];
         let (tile, unroll) = (tile(&q, d), unroll(&q));
         super::flash_fwd::launch(
@@ -442,6 +533,7 @@ pub mod launch {
             d,
             tile,
             BLOCK,
+            lanes,
             unroll,
             dtypes,
         );
@@ -469,8 +561,8 @@ pub mod launch {
         let delta = empty(&q, dims(&q)[..3].to_vec(), DType::F32);
         let dtypes = [dtype_to_storage_type(q.dtype), dtype_to_storage_type(starts.dtype)];
         let client = q.client.clone();
-        let (tile, unroll) = (tile(&q, d), unroll(&q));
-        let (count, cube) = grid(&q, bh, t);
+        let (tile, unroll, lanes) = (tile(&q, d), unroll(&q), lanes(&q, d));
+        let (count, cube) = grid(&q, bh, t, lanes);
         super::flash_bwd_dq::launch(
             &client,
             count,
@@ -492,11 +584,12 @@ pub mod launch {
             d,
             tile,
             BLOCK,
+            lanes,
             unroll,
             dtypes,
         );
         let bkv = bh / h * kv;
-        let (count, cube) = grid(&k, bkv, t);
+        let (count, cube) = grid(&k, bkv, t, lanes);
         super::flash_bwd_dkv::launch(
             &client,
             count,
@@ -518,6 +611,7 @@ pub mod launch {
             d,
             tile,
             BLOCK,
+            lanes,
             unroll,
             dtypes,
         );

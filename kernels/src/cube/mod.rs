@@ -5,7 +5,7 @@
 //! for every CubeCL runtime, so the same code runs on both.
 
 mod adamw;
-mod flash;
+pub mod flash;
 mod grouped;
 mod kernels;
 mod launch;

@@ -55,8 +55,10 @@ impl Target {
             max_vector_size: VectorSize::MAX,
             cube_mma_reserved_shared_memory: 0,
         };
+        let mut features = cubecl::ir::features::Features::default();
+        features.plane.insert(cubecl::ir::features::Plane::Ops);
         DeviceProperties::new(
-            Default::default(),
+            features,
             MemoryDeviceProperties::new(u64::MAX, 256),
             hardware,
             cubecl::profile::TimingMethod::Device,
@@ -93,6 +95,7 @@ pub fn kernels(target: &Target, dtype: DType, head_dim: usize) -> Vec<OfflineKer
     let fi = [f, dtype_to_storage_type(DType::I32)];
     let units = reduce::launch::units_for(target.max_units_per_cube);
     let (block, tile) = (flash::launch::BLOCK, flash::launch::tile_rows(target.max_shared_memory_size, head_dim));
+    let lanes = flash::launch::lanes_for(head_dim, target.plane_size, true);
     let settings = |dim: CubeDim| KernelSettings::new(*dim, ExecutionMode::Checked, AddressType::U32);
     let (elementwise, per_row) = (settings(target.elementwise()), settings(CubeDim::new_1d(units as u32)));
     let (p, r) = (|| props.clone(), || runtime.clone());
@@ -199,7 +202,7 @@ pub fn kernels(target: &Target, dtype: DType, head_dim: usize) -> Vec<OfflineKer
             )),
         ),
     ];
-    let attention = settings(CubeDim::new_1d(block as u32));
+    let attention = settings(CubeDim::new_1d((block * lanes) as u32));
     out.push((
         "flash_fwd",
         Box::new(flash::flash_fwd::FlashFwd::new(
@@ -220,6 +223,7 @@ pub fn kernels(target: &Target, dtype: DType, head_dim: usize) -> Vec<OfflineKer
             head_dim,
             tile,
             block,
+            lanes,
             true,
             fi,
         )),
@@ -247,6 +251,7 @@ pub fn kernels(target: &Target, dtype: DType, head_dim: usize) -> Vec<OfflineKer
             head_dim,
             tile,
             block,
+            lanes,
             true,
             fi,
         )),
@@ -274,6 +279,7 @@ pub fn kernels(target: &Target, dtype: DType, head_dim: usize) -> Vec<OfflineKer
             head_dim,
             tile,
             block,
+            lanes,
             true,
             fi,
         )),
@@ -327,6 +333,10 @@ mod tests {
         assert_eq!(flash::launch::tile_rows(48 * 1024, 128), 47);
         assert_eq!(reduce::launch::units_for(1024), 256);
         assert_eq!(reduce::launch::units_for(100), 64);
+        let lanes = |d| flash::launch::lanes_for(d, 32, true);
+        assert_eq!([4, 8, 12, 16, 32, 64, 128, 96].map(lanes), [1, 1, 1, 2, 4, 8, 8, 8]);
+        assert_eq!(flash::launch::lanes_for(64, 4, true), 4);
+        assert_eq!(flash::launch::lanes_for(64, 32, false), 1);
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             for d in [64, 128] {
                 let ks = kernels(&target, dtype, d);

@@ -166,9 +166,22 @@ fn flash_attention_matches_the_reference() {
     // GQA, T = 1, T and D not multiples of anything; more queries than a cube's 64 rows and
     // more keys than a shared-memory tile (64 rows; at D = 128 the software adapter's 32 KiB
     // hold 31); causal, and block-causal with documents ending at random positions (the
-    // reference: Burn's attention with the boolean mask).
-    let shapes = [(2, 4, 2, 7, 8), (1, 2, 2, 1, 4), (1, 4, 1, 13, 12), (2, 2, 1, 40, 8), (2, 2, 1, 150, 16), (1, 2, 2, 70, 128)];
-    for (b, h, kv, t, d) in shapes {
+    // reference: Burn's attention with the boolean mask). Rows shared by 1 (D = 4, 8, 12), 2
+    // (D = 16), 4 (D = 32) and 8 threads (D = 64, 128) where the device has plane shuffles.
+    let shapes = [
+        (2, 4, 2, 7, 8),
+        (1, 2, 2, 1, 4),
+        (1, 4, 1, 13, 12),
+        (2, 2, 1, 40, 8),
+        (2, 2, 1, 150, 16),
+        (1, 4, 2, 33, 32),
+        (1, 2, 1, 70, 64),
+        (1, 2, 2, 70, 128),
+    ];
+    // On the software adapter cubecl offers no plane shuffles, so the rows are shared by
+    // several threads only when forced: both ways.
+    for ((b, h, kv, t, d), shuffles) in shapes.into_iter().flat_map(|s| [(s, None), (s, Some(true))]) {
+        crate::force_attention_shuffles(shuffles);
         for block in [false, true] {
             let inputs =
                 [normal(b * h * t * d, &mut rng), normal(b * kv * t * d, &mut rng), normal(b * kv * t * d, &mut rng)];
@@ -182,7 +195,7 @@ fn flash_attention_matches_the_reference() {
                     }
                 }
             }
-            let name = format!("attention (block {block}) b{b} h{h} kv{kv} t{t} d{d}");
+            let name = format!("attention (block {block}, shuffles {shuffles:?}) b{b} h{h} kv{kv} t{t} d{d}");
             compare(&name, &inputs, &mut rng, s, &|x, fused| {
                 let (q, k, v) = (
                     x[0].clone().reshape([b, h, t, d]),
@@ -195,6 +208,7 @@ fn flash_attention_matches_the_reference() {
             });
         }
     }
+    crate::force_attention_shuffles(None);
 }
 
 #[test]
