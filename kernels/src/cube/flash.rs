@@ -18,6 +18,10 @@
 
 use cubecl::prelude::*;
 
+/// Keys the forward scores at a time before rescaling its accumulator (their scores stay in
+/// registers).
+const SUB: usize = 16;
+
 /// Rows `r0 .. r0 + tile` of the row-major `[.., dim]` matrix starting at `base` in `src`, as
 /// float32, into `dst` (rows at or past `end` are left unwritten: no caller reads them), the
 /// cube's `units` threads striding over neighbouring elements.
@@ -200,7 +204,7 @@ pub fn flash_fwd<F: Float, I: Numeric>(
         qv = load_row::<F>(q, row, lane, scale, dim, lanes, unroll);
     }
     let mut acc = Array::<f32>::new(comptime!(dim / lanes));
-    let mut scores = Array::<f32>::new(tile);
+    let mut scores = Array::<f32>::new(SUB);
     let mut ks = Shared::<[f32]>::new_slice(comptime!(tile * dim));
     let mut vs = Shared::<[f32]>::new_slice(comptime!(tile * dim));
     let mut m = comptime!(-3.0e38f32).runtime();
@@ -210,34 +214,44 @@ pub fn flash_fwd<F: Float, I: Numeric>(
         load_tile::<F>(k, kv_base, j0, hi, &mut ks, tile, dim, units);
         load_tile::<F>(v, kv_base, j0, hi, &mut vs, tile, dim, units);
         sync_cube();
-        if live {
+        // `SUB` keys at a time: their scores (every thread computes them, so the shuffles run
+        // with whole planes; a masked key's is dropped, and a thread past the sequence masks
+        // all: its `first` is `hi`), the chunk's maximum, one rescale, then the weighted values.
+        for chunk in 0..comptime!(tile.div_ceil(SUB)) {
+            let c0 = chunk * SUB;
             let mut top = m;
-            for jj in 0..tile {
-                let j = j0 + jj;
-                if j >= first && j <= i {
-                    let s = row_dot(&qv, &ks, jj * dim, lane, dim, lanes, unroll);
-                    scores[jj] = s;
-                    top = top.max(s);
-                }
-            }
-            let corr = (m - top).exp();
-            l *= corr;
             #[unroll(unroll)]
-            for cc in 0..comptime!(dim / lanes) {
-                acc[cc] *= corr;
-            }
-            for jj in 0..tile {
-                let j = j0 + jj;
-                if j >= first && j <= i {
-                    let p = (scores[jj] - top).exp();
-                    l += p;
-                    #[unroll(unroll)]
-                    for cc in 0..comptime!(dim / lanes) {
-                        acc[cc] += p * vs[jj * dim + cc * lanes + lane];
+            for u in 0..SUB {
+                let (jj, j) = (c0 + u, j0 + c0 + u);
+                if jj < tile {
+                    let s = row_dot(&qv, &ks, jj * dim, lane, dim, lanes, unroll);
+                    if j >= first && j <= i {
+                        scores[u] = s;
+                        top = top.max(s);
                     }
                 }
             }
-            m = top;
+            if live {
+                let corr = (m - top).exp();
+                l *= corr;
+                #[unroll(unroll)]
+                for cc in 0..comptime!(dim / lanes) {
+                    acc[cc] *= corr;
+                }
+                #[unroll(unroll)]
+                for u in 0..SUB {
+                    let (jj, j) = (c0 + u, j0 + c0 + u);
+                    if jj < tile && j >= first && j <= i {
+                        let p = (scores[u] - top).exp();
+                        l += p;
+                        #[unroll(unroll)]
+                        for cc in 0..comptime!(dim / lanes) {
+                            acc[cc] += p * vs[jj * dim + cc * lanes + lane];
+                        }
+                    }
+                }
+                m = top;
+            }
         }
         sync_cube();
         j0 += tile;
@@ -299,10 +313,11 @@ pub fn flash_bwd_dq<F: Float, I: Numeric>(
         for cc in 0..comptime!(dim / lanes) {
             dl += dov[cc] * f32::cast_from(o[row * dim + cc * lanes + lane]);
         }
-        dl = lane_sum(dl, lanes);
-        if lane == 0 {
-            delta[row] = dl;
-        }
+    }
+    // Outside the branch: every thread of a row's plane shuffles.
+    dl = lane_sum(dl, lanes);
+    if live && lane == 0 {
+        delta[row] = dl;
     }
     let mut acc = Array::<f32>::new(comptime!(dim / lanes));
     let mut ks = Shared::<[f32]>::new_slice(comptime!(tile * dim));
@@ -312,16 +327,18 @@ pub fn flash_bwd_dq<F: Float, I: Numeric>(
         load_tile::<F>(k, kv_base, j0, hi, &mut ks, tile, dim, units);
         load_tile::<F>(v, kv_base, j0, hi, &mut vs, tile, dim, units);
         sync_cube();
-        if live {
-            for jj in 0..tile {
-                let j = j0 + jj;
-                if j >= first && j <= i {
-                    let p = (row_dot(&qv, &ks, jj * dim, lane, dim, lanes, unroll) - row_lse).exp();
-                    let ds = p * (row_dot(&dov, &vs, jj * dim, lane, dim, lanes, unroll) - dl);
-                    #[unroll(unroll)]
-                    for cc in 0..comptime!(dim / lanes) {
-                        acc[cc] += ds * ks[jj * dim + cc * lanes + lane];
-                    }
+        // Every thread takes both dot products (whole planes shuffle), masked keys dropped (a
+        // thread past the sequence masks all: its `first` is `hi`).
+        for jj in 0..tile {
+            let j = j0 + jj;
+            let qk = row_dot(&qv, &ks, jj * dim, lane, dim, lanes, unroll);
+            let dov_v = row_dot(&dov, &vs, jj * dim, lane, dim, lanes, unroll);
+            if j >= first && j <= i {
+                let p = (qk - row_lse).exp();
+                let ds = p * (dov_v - dl);
+                #[unroll(unroll)]
+                for cc in 0..comptime!(dim / lanes) {
+                    acc[cc] += ds * ks[jj * dim + cc * lanes + lane];
                 }
             }
         }
@@ -406,18 +423,20 @@ pub fn flash_bwd_dkv<F: Float, I: Numeric>(
                 e += units;
             }
             sync_cube();
-            if live {
-                for ii in 0..tile {
-                    let i = i0 + ii;
-                    if i < t && i >= j && st[ii] as usize <= j {
-                        let p = (row_dot(&kr, &qs, ii * dim, lane, dim, lanes, unroll) - ls[ii]).exp();
-                        let dsv = p * (row_dot(&vr, &dos, ii * dim, lane, dim, lanes, unroll) - ds[ii]);
-                        #[unroll(unroll)]
-                        for cc in 0..comptime!(dim / lanes) {
-                            let c = cc * lanes + lane;
-                            dva[cc] += p * dos[ii * dim + c];
-                            dka[cc] += dsv * qs[ii * dim + c];
-                        }
+            // Every thread takes both dot products (whole planes shuffle), masked queries
+            // dropped (a thread past the sequence masks all: `i >= j` fails).
+            for ii in 0..tile {
+                let i = i0 + ii;
+                let kq = row_dot(&kr, &qs, ii * dim, lane, dim, lanes, unroll);
+                let vdo = row_dot(&vr, &dos, ii * dim, lane, dim, lanes, unroll);
+                if i < t && i >= j && st[ii] as usize <= j {
+                    let p = (kq - ls[ii]).exp();
+                    let dsv = p * (vdo - ds[ii]);
+                    #[unroll(unroll)]
+                    for cc in 0..comptime!(dim / lanes) {
+                        let c = cc * lanes + lane;
+                        dva[cc] += p * dos[ii * dim + c];
+                        dka[cc] += dsv * qs[ii * dim + c];
                     }
                 }
             }
