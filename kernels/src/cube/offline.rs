@@ -94,225 +94,64 @@ pub fn kernels(target: &Target, dtype: DType, head_dim: usize) -> Vec<OfflineKer
     let f = dtype_to_storage_type(dtype);
     let fi = [f, dtype_to_storage_type(DType::I32)];
     let units = reduce::launch::units_for(target.max_units_per_cube);
+    let column_lanes = (units / 32).max(1);
     let (block, tile) = (flash::launch::BLOCK, flash::launch::tile_rows(target.max_shared_memory_size, head_dim));
     let lanes = flash::launch::lanes_for(head_dim, target.plane_size, true);
     let settings = |dim: CubeDim| KernelSettings::new(*dim, ExecutionMode::Checked, AddressType::U32);
-    let (elementwise, per_row) = (settings(target.elementwise()), settings(CubeDim::new_1d(units as u32)));
-    let (p, r) = (|| props.clone(), || runtime.clone());
-    let t = tensor;
-    let mut out: Vec<(&str, Box<dyn CubeKernel>)> = vec![
-        ("silu_mul_fwd", Box::new(kernels::silu_mul_fwd::SiluMulFwd::new(elementwise.clone(), p(), r(), t(), t(), t(), (), f))),
-        (
-            "silu_mul_bwd",
-            Box::new(kernels::silu_mul_bwd::SiluMulBwd::new(elementwise.clone(), p(), r(), t(), t(), t(), t(), t(), (), f)),
-        ),
-        ("rope", Box::new(kernels::rope::Rope::new(elementwise.clone(), p(), r(), t(), t(), t(), t(), (), (), (), f))),
-        (
-            "cross_entropy_bwd",
-            Box::new(kernels::cross_entropy_bwd::CrossEntropyBwd::new(
-                elementwise.clone(),
-                p(),
-                r(),
-                t(),
-                t(),
-                t(),
-                t(),
-                t(),
-                (),
-                (),
-                fi,
-            )),
-        ),
-        (
-            "rms_norm_fwd (cube per row)",
-            Box::new(rows::rms_norm_fwd::RmsNormFwd::new(per_row.clone(), p(), r(), t(), t(), t(), (), (), (), units, f)),
-        ),
-        (
-            "rms_norm_bwd (cube per row)",
-            Box::new(rows::rms_norm_bwd::RmsNormBwd::new(per_row.clone(), p(), r(), t(), t(), t(), t(), t(), (), (), (), units, f)),
-        ),
-        (
-            "cross_entropy_fwd (cube per row)",
-            Box::new(rows::cross_entropy_fwd::CrossEntropyFwd::new(per_row.clone(), p(), r(), t(), t(), t(), t(), (), (), units, fi)),
-        ),
-        (
-            "rms_norm_fwd (thread per row)",
-            Box::new(rows_serial::rms_norm_fwd::RmsNormFwd::new(elementwise.clone(), p(), r(), t(), t(), t(), (), (), (), f)),
-        ),
-        (
-            "rms_norm_bwd (thread per row)",
-            Box::new(rows_serial::rms_norm_bwd::RmsNormBwd::new(elementwise.clone(), p(), r(), t(), t(), t(), t(), t(), (), (), (), f)),
-        ),
+    let elementwise = settings(target.elementwise());
+    let per_row = settings(CubeDim::new_1d(units as u32));
+    let columns = settings(CubeDim::new_2d(32, column_lanes as u32));
+    let attention = settings(CubeDim::new_1d((block * lanes) as u32));
+    let gemm = settings(CubeDim::new_2d(16, 16));
+    // `Kernel::new` with the launch's settings and this target's properties, then the kernel's
+    // arguments in order: `T` a tensor, `S` a scalar (their compilation arguments), anything else
+    // a compile-time value.
+    macro_rules! build {
+        ($kernel:path, $settings:expr; $($arg:tt)*) => {
+            Box::new(<$kernel>::new($settings.clone(), props.clone(), runtime.clone(), $(build!(@ $arg)),*))
+                as Box<dyn CubeKernel>
+        };
+        (@ T) => { tensor() };
+        (@ S) => { () };
+        (@ $value:expr) => { $value };
+    }
+    let out: Vec<(&str, Box<dyn CubeKernel>)> = vec![
+        ("silu_mul_fwd", build!(kernels::silu_mul_fwd::SiluMulFwd, elementwise; T T T S f)),
+        ("silu_mul_bwd", build!(kernels::silu_mul_bwd::SiluMulBwd, elementwise; T T T T T S f)),
+        ("rope", build!(kernels::rope::Rope, elementwise; T T T T S S S f)),
+        ("cross_entropy_bwd", build!(kernels::cross_entropy_bwd::CrossEntropyBwd, elementwise; T T T T T S S fi)),
+        ("rms_norm_fwd (cube per row)", build!(rows::rms_norm_fwd::RmsNormFwd, per_row; T T T S S S units f)),
+        ("rms_norm_bwd (cube per row)", build!(rows::rms_norm_bwd::RmsNormBwd, per_row; T T T T T S S S units f)),
+        ("cross_entropy_fwd (cube per row)", build!(rows::cross_entropy_fwd::CrossEntropyFwd, per_row; T T T T S S units fi)),
+        ("rms_norm_fwd (thread per row)", build!(rows_serial::rms_norm_fwd::RmsNormFwd, elementwise; T T T S S S f)),
+        ("rms_norm_bwd (thread per row)", build!(rows_serial::rms_norm_bwd::RmsNormBwd, elementwise; T T T T T S S S f)),
         (
             "cross_entropy_fwd (thread per row)",
-            Box::new(rows_serial::cross_entropy_fwd::CrossEntropyFwd::new(
-                elementwise.clone(),
-                p(),
-                r(),
-                t(),
-                t(),
-                t(),
-                t(),
-                (),
-                (),
-                fi,
-            )),
+            build!(rows_serial::cross_entropy_fwd::CrossEntropyFwd, elementwise; T T T T S S fi),
         ),
-        ("sum_partial (Σ x²)", Box::new(reduce::sum_partial::SumPartial::new(per_row.clone(), p(), r(), t(), t(), (), units, true, f))),
-        ("sum_partial (Σ x)", Box::new(reduce::sum_partial::SumPartial::new(per_row.clone(), p(), r(), t(), t(), (), units, false, f))),
+        ("sum_partial (Σ x²)", build!(reduce::sum_partial::SumPartial, per_row; T T S units true f)),
+        ("sum_partial (Σ x)", build!(reduce::sum_partial::SumPartial, per_row; T T S units false f)),
+        ("column_sum_partial", build!(reduce::column_sum_partial::ColumnSumPartial, columns; T T S S S column_lanes f)),
+        ("sum_partials", build!(reduce::sum_partials::SumPartials, per_row; T T S S f)),
+        ("adamw", build!(adamw::adamw::Adamw, elementwise; T T T T T T T S S S S S S S S S f)),
+        ("flash_fwd", build!(flash::flash_fwd::FlashFwd, attention; T T T T T T S S S S S head_dim tile block lanes true fi)),
         (
-            "column_sum_partial",
-            Box::new(reduce::column_sum_partial::ColumnSumPartial::new(
-                settings(CubeDim::new_2d(32, (units / 32).max(1) as u32)),
-                p(),
-                r(),
-                t(),
-                t(),
-                (),
-                (),
-                (),
-                (units / 32).max(1),
-                f,
-            )),
+            "flash_bwd_dq",
+            build!(flash::flash_bwd_dq::FlashBwdDq, attention; T T T T T T T T T S S S S S head_dim tile block lanes true fi),
         ),
-        ("sum_partials", Box::new(reduce::sum_partials::SumPartials::new(per_row.clone(), p(), r(), t(), t(), (), (), f))),
         (
-            "adamw",
-            Box::new(adamw::adamw::Adamw::new(
-                elementwise.clone(),
-                p(),
-                r(),
-                t(),
-                t(),
-                t(),
-                t(),
-                t(),
-                t(),
-                t(),
-                (),
-                (),
-                (),
-                (),
-                (),
-                (),
-                (),
-                (),
-                (),
-                f,
-            )),
+            "flash_bwd_dkv",
+            build!(flash::flash_bwd_dkv::FlashBwdDkv, attention; T T T T T T T T T S S S S S head_dim tile block lanes true fi),
+        ),
+        (
+            "grouped_gemm (rows)",
+            build!(grouped::grouped_gemm::GroupedGemm, gemm; T T T T S S S S S S S S S S S S true true fi),
+        ),
+        (
+            "grouped_gemm (weight gradient)",
+            build!(grouped::grouped_gemm::GroupedGemm, gemm; T T T T S S S S S S S S S S S S false true fi),
         ),
     ];
-    let attention = settings(CubeDim::new_1d((block * lanes) as u32));
-    out.push((
-        "flash_fwd",
-        Box::new(flash::flash_fwd::FlashFwd::new(
-            attention.clone(),
-            p(),
-            r(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            (),
-            (),
-            (),
-            (),
-            (),
-            head_dim,
-            tile,
-            block,
-            lanes,
-            true,
-            fi,
-        )),
-    ));
-    out.push((
-        "flash_bwd_dq",
-        Box::new(flash::flash_bwd_dq::FlashBwdDq::new(
-            attention.clone(),
-            p(),
-            r(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            (),
-            (),
-            (),
-            (),
-            (),
-            head_dim,
-            tile,
-            block,
-            lanes,
-            true,
-            fi,
-        )),
-    ));
-    out.push((
-        "flash_bwd_dkv",
-        Box::new(flash::flash_bwd_dkv::FlashBwdDkv::new(
-            attention,
-            p(),
-            r(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            t(),
-            (),
-            (),
-            (),
-            (),
-            (),
-            head_dim,
-            tile,
-            block,
-            lanes,
-            true,
-            fi,
-        )),
-    ));
-    for (name, rows_mode) in [("grouped_gemm (rows)", true), ("grouped_gemm (weight gradient)", false)] {
-        out.push((
-            name,
-            Box::new(grouped::grouped_gemm::GroupedGemm::new(
-                settings(CubeDim::new_2d(16, 16)),
-                p(),
-                r(),
-                t(),
-                t(),
-                t(),
-                t(),
-                (),
-                (),
-                (),
-                (),
-                (),
-                (),
-                (),
-                (),
-                (),
-                (),
-                (),
-                (),
-                rows_mode,
-                true,
-                fi,
-            )),
-        ));
-    }
     let ty = format!("{dtype:?}").to_lowercase();
     out.into_iter()
         .map(|(name, kernel)| OfflineKernel { name: format!("{name} [{ty}, D={head_dim}]"), kernel })
