@@ -47,13 +47,10 @@ if [ "$CUDA" -eq 1 ]; then
     # cubecl-cuda's LLVM back end links NVIDIA's libdevice for exp, log, tanh, … (every
     # softmax, SiLU and fused Burn kernel); it looks in $CUDA_PATH/nvvm/libdevice, then
     # /usr/local/cuda, /opt/cuda, /usr/lib/cuda, /usr. A machine with only the driver has none,
-    # so the bundle carries it (from PyPI's nvcc wheel), and run.sh points CUDA_PATH at it there.
-    nvcc=$(mktemp -d)
-    python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$nvcc" nvidia-cuda-nvcc-cu12==12.9.86
-    (cd "$nvcc" && unzip -q -o ./*.whl 'nvidia/cuda_nvcc/nvvm/libdevice/*')
+    # so the bundle carries it (from PyPI's nvcc wheel, fetched once by ptx_report.py), and run.sh points CUDA_PATH at it there.
+    toolkit=$(python3 scripts/gpu/ptx_report.py --toolkit)
     mkdir -p "$OUT/cuda/nvvm/libdevice"
-    cp "$nvcc/nvidia/cuda_nvcc/nvvm/libdevice/libdevice.10.bc" "$OUT/cuda/nvvm/libdevice/"
-    rm -rf "$nvcc"
+    cp "$toolkit/nvvm/libdevice/libdevice.10.bc" "$OUT/cuda/nvvm/libdevice/"
     # Every kernel of ours must lower to PTX for the H100/H200 before the bundle leaves.
     ptx=$(mktemp -d)
     CUDA_PATH="$OUT/cuda" "$OUT/titan-rs-cuda" ptx --out "$ptx"

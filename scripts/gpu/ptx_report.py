@@ -7,6 +7,7 @@ override them) assembles it for sm_90 and reports
 what the kernel costs the SM. Occupancy follows from those numbers and Hopper's per-SM limits.
 
   scripts/gpu/ptx_report.py --titan target/release/titan-rs [--out docs/gpu/ptx-sm90.md]
+  scripts/gpu/ptx_report.py --toolkit       (only fetch ptxas and libdevice; prints their folder)
 
 The CUDA build: scripts/gpu/cuda_llvm.sh, then `cargo build --release -p titan-rs --features cuda`
 (or the binary of scripts/gpu/package.sh --cuda, unpacked). Exits non-zero when a kernel does not
@@ -76,11 +77,18 @@ def occupancy(threads, regs, smem):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--titan", required=True, help="a titan-rs built with --features cuda")
+    ap.add_argument("--titan", help="a titan-rs built with --features cuda")
+    ap.add_argument("--toolkit", action="store_true",
+                    help="only fetch the wheel's ptxas and libdevice and print their folder (package.sh --cuda)")
     ap.add_argument("--out", default="docs/gpu/ptx-sm90.md")
     ap.add_argument("--sm", type=int, default=90)
     a = ap.parse_args()
     toolkit = nvcc_wheel()
+    if a.toolkit:
+        print(toolkit)
+        return 0
+    if not a.titan:
+        ap.error("--titan BIN is required (a titan-rs built with --features cuda)")
     ptxas = os.environ.get("PTXAS") or f"{toolkit}/bin/ptxas"
     env = dict(os.environ)
     env.setdefault("CUDA_PATH", toolkit)
